@@ -1,0 +1,1 @@
+"""The results store: schema (models), engine and sessions (db), export/ingest/merge."""

@@ -1,0 +1,221 @@
+"""The results store schema: one set of SQLAlchemy 2.0 typed models for SQLite and PostgreSQL.
+
+Problem: every cell of the matrix (a PyTorch x Triton x CUDA environment) produces correctness verdicts,
+performance samples, parameter-indirection stage outcomes and CGCT diagnostics; nightly runs on many
+machines must merge into one history that regression detection and the dashboards read.
+
+Design: a ``Run`` is one execution of the suites in one ``Cell``. A cell row is identified by the
+fingerprint of its environment (torch, Triton, CUDA runtime, driver, GPU, Python, platform), so two
+machines with the same stack share a cell row. Results hang off the run. Every result row carries the
+pytest node id and a ``record_key`` unique within its run, which makes ingest and merge idempotent.
+
+Invariants:
+- ``Run.uid`` is globally unique (a UUID string); merge and ingest key on it, never on integer ids.
+- (run, record_key) is unique in every result table: the recorder writes each record once.
+- Raw samples are stored, never only their median.
+- Schema changes go through Alembic migrations (matrix/migrations); ``SCHEMA_VERSION`` names the head.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class RunStatus(str, enum.Enum):
+    RUNNING = "running"
+    COMPLETE = "complete"  # the suites finished (tests may have failed; see the results)
+    FAILED = "failed"  # the suites could not be run (collection or usage error)
+    CRASHED = "crashed"  # the process died; everything recorded before is kept
+    INSTALL_FAILED = "install_failed"  # the cell's environment could not be built
+
+
+class Cell(Base):
+    """One environment of the matrix, identified by its fingerprint."""
+
+    __tablename__ = "cells"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    cell_id: Mapped[str] = mapped_column(String(128), index=True)  # id in matrix.toml, e.g. "torch-2.11"
+    kind: Mapped[str] = mapped_column(String(32))  # venv | current | triton-only
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    triton_version: Mapped[str | None] = mapped_column(String(64))
+    cuda_runtime: Mapped[str | None] = mapped_column(String(32))
+    driver_version: Mapped[str | None] = mapped_column(String(64))
+    gpu_name: Mapped[str | None] = mapped_column(String(128))
+    gpu_capability: Mapped[str | None] = mapped_column(String(16))
+    python_version: Mapped[str] = mapped_column(String(32))
+    platform: Mapped[str] = mapped_column(String(128))
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    runs: Mapped[list[Run]] = relationship(back_populates="cell")
+
+
+class Run(Base):
+    """One execution of the suites in one cell."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    uid: Mapped[str] = mapped_column(String(36), unique=True)
+    cell_pk: Mapped[int] = mapped_column(ForeignKey("cells.id"), index=True)
+    status: Mapped[str] = mapped_column(String(32), default=RunStatus.RUNNING.value)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    label: Mapped[str | None] = mapped_column(String(128), index=True)  # e.g. "nightly-2026-11-29"
+    git_sha: Mapped[str | None] = mapped_column(String(64))
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    command: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text)
+
+    cell: Mapped[Cell] = relationship(back_populates="runs")
+    outcomes: Mapped[list[TestOutcome]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    correctness: Mapped[list[CorrectnessResult]] = relationship(
+        back_populates="run", cascade="all, delete-orphan"
+    )
+    performance: Mapped[list[PerformanceResult]] = relationship(
+        back_populates="run", cascade="all, delete-orphan"
+    )
+    pi_stages: Mapped[list[PIStageResult]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    diagnostics: Mapped[list[Diagnostic]] = relationship(back_populates="run", cascade="all, delete-orphan")
+
+
+class Workload(Base):
+    """A workload as it was when it ran: same name and a different code hash is a different row."""
+
+    __tablename__ = "workloads"
+    __table_args__ = (UniqueConstraint("name", "code_hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    code_hash: Mapped[str] = mapped_column(String(64), default="")
+    tier: Mapped[str] = mapped_column(String(16), default="smoke")
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+
+
+class _RunResult:
+    """Columns every result row has: its run, the pytest node id and a key unique within the run."""
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    record_key: Mapped[str] = mapped_column(String(512))
+    nodeid: Mapped[str] = mapped_column(Text, default="")
+    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TestOutcome(_RunResult, Base):
+    """Every pytest test outcome of a run, recorded or not by a suite."""
+
+    __tablename__ = "test_outcomes"
+    __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
+
+    outcome: Mapped[str] = mapped_column(String(16))  # passed | failed | skipped | error | crashed
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    message: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(32))
+
+    run: Mapped[Run] = relationship(back_populates="outcomes")
+
+
+class CorrectnessResult(_RunResult, Base):
+    __tablename__ = "correctness_results"
+    __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
+
+    workload_pk: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    mode: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
+    errors: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    tolerance: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[Run] = relationship(back_populates="correctness")
+    workload: Mapped[Workload] = relationship()
+
+
+class PerformanceResult(_RunResult, Base):
+    __tablename__ = "performance_results"
+    __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
+
+    workload_pk: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    mode: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
+    samples_ms: Mapped[list[Any]] = mapped_column(default=list)
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    floor_ms: Mapped[float | None] = mapped_column(Float)
+    compile_s: Mapped[float | None] = mapped_column(Float)
+    peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kernels_in_graphs: Mapped[int | None] = mapped_column(Integer)
+    kernel_launches: Mapped[int | None] = mapped_column(Integer)
+    graph_launches: Mapped[int | None] = mapped_column(Integer)
+    copy_bytes_per_replay: Mapped[int | None] = mapped_column(BigInteger)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[Run] = relationship(back_populates="performance")
+    workload: Mapped[Workload] = relationship()
+
+
+class PIStageResult(_RunResult, Base):
+    __tablename__ = "pi_stage_results"
+    __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
+
+    subject: Mapped[str] = mapped_column(String(255))
+    stage: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+    triton_version: Mapped[str | None] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[Run] = relationship(back_populates="pi_stages")
+
+
+class Diagnostic(_RunResult, Base):
+    __tablename__ = "diagnostics"
+    __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
+
+    workload_pk: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    mode: Mapped[str] = mapped_column(String(32))
+    code: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(Text, default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    transformed: Mapped[bool] = mapped_column(default=False)
+
+    run: Mapped[Run] = relationship(back_populates="diagnostics")
+    workload: Mapped[Workload] = relationship()
+
+
+class ExpectedStatus(Base):
+    """An expected outcome loaded from expected.toml: FAIL/IMPROVED/XFAIL/FLAKY/MISSING are judged
+    against these. ``cell_pattern`` is an fnmatch pattern over cell ids."""
+
+    __tablename__ = "expected_statuses"
+    __table_args__ = (UniqueConstraint("cell_pattern", "suite", "workload", "mode"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    cell_pattern: Mapped[str] = mapped_column(String(128))
+    suite: Mapped[str] = mapped_column(String(32))  # correctness | performance | pi
+    workload: Mapped[str] = mapped_column(String(128))
+    mode: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32))
+    flaky: Mapped[bool] = mapped_column(default=False)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+RESULT_TABLES = (TestOutcome, CorrectnessResult, PerformanceResult, PIStageResult, Diagnostic)

@@ -1,0 +1,25 @@
+"""Project-wide test configuration: tests marked ``gpu`` skip cleanly without a CUDA device."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+
+
+@functools.cache
+def cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
+        for item in gpu_items:
+            item.add_marker(skip)
