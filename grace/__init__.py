@@ -28,7 +28,7 @@ from grace.options import GraceOptions, GraceOptionsError
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from grace.explain import ExplainReport
+    from grace.explanation import ExplainReport
 
 __all__ = [
     "GraceOptions",
@@ -76,7 +76,7 @@ def reset() -> None:
 def explain(model: Any, *inputs: Any, options: GraceOptions | None = None) -> ExplainReport:
     """Compile ``model`` with grace, run it on ``inputs`` and report, per compiled graph, what was
     captured and why not (``.diagnoses`` holds CGCT's findings)."""
-    from grace.explain import explain as _explain
+    from grace.explanation import explain as _explain
 
     return _explain(model, *inputs, options=options)
 

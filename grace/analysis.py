@@ -148,9 +148,8 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
         name = _target_name(node)
         first_arg = node.args[0] if node.args else None
         source = aliases.get(first_arg, frozenset()) if isinstance(first_arg, torch.fx.Node) else frozenset()
-        if name in _VIEW_NAMES or node.target is operator.getitem:
-            if source:
-                aliases[node] = source
+        if (name in _VIEW_NAMES or node.target is operator.getitem) and source:
+            aliases[node] = source
         written: set[torch.fx.Node] = set()
         is_inplace_name = name.endswith("_") and not name.startswith("_") and name not in _VIEW_NAMES
         if is_inplace_name or node.target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True:

@@ -111,7 +111,9 @@ def _environment(device: torch.device) -> Environment:
 # --- the backend -------------------------------------------------------------------------------
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: GraceOptions) -> Callable[..., Any]:
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: GraceOptions
+) -> Callable[..., Any]:
     """Compile one Dynamo graph for the grace runtime (see the module docstring)."""
     example_inputs = list(example_inputs)
     adapter: Callable[[list[Any]], list[Any]] | None = None
@@ -124,8 +126,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], optio
         if cgct is not None:
             try:
                 result = cgct.transform(gm, example_inputs)
-            except torch._dynamo.exc.RestartAnalysis:
-                raise
+            except torch._dynamo.exc.RestartAnalysis as exc:
+                raise torch_compat.as_backend_restart(exc) from exc
             except Exception as exc:
                 cgct_note = SkipReason(SkipCode.CGCT_FAILED, f"transform raised {type(exc).__name__}: {exc}")
                 log_once(cgct_note, "CGCT")
@@ -168,7 +170,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], optio
         pi_note = SkipReason(SkipCode.DISABLED_BY_OPTION, "pi=False")
 
     record = torch_compat.InnerCompileRecord()
-    compiled = torch_compat.compile_with_inductor(gm, example_inputs, record, need_inner_outputs=pi_prepare is not None)
+    compiled = torch_compat.compile_with_inductor(
+        gm, example_inputs, record, need_inner_outputs=pi_prepare is not None
+    )
 
     plan = RunnerPlan(
         graph_hash=graph_hash,
@@ -210,7 +214,9 @@ class GraceBackend:
     def __init__(self, options: GraceOptions | None = None) -> None:
         self.options = GraceOptions.from_value(options)
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+    ) -> Callable[..., Any]:
         if kwargs:
             raise GraceOptionsError(
                 f"GraceBackend got {sorted(kwargs)}; pass grace options to GraceBackend(options) instead"

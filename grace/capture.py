@@ -100,7 +100,9 @@ def dense_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` narrowed to length 1 along broadcast (stride 0) dimensions, so it can be copied into."""
     if all(s != 0 or n <= 1 for s, n in zip(t.stride(), t.shape, strict=True)):
         return t
-    index = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(t.stride(), t.shape, strict=True))
+    index = tuple(
+        slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(t.stride(), t.shape, strict=True)
+    )
     return t[index]
 
 
@@ -259,7 +261,7 @@ def _find_aliases(
                     f"output {position} views input {index} as {out.dtype} (input is {placeholder.dtype})",
                 )
             )
-        aliases.append(OutputAlias(position, index, out.storage_offset() - placeholder.storage_offset()))
+        aliases.append(OutputAlias(position, index, int(out.storage_offset() - placeholder.storage_offset())))
     return tuple(aliases)
 
 
@@ -295,7 +297,9 @@ def capture_graph(
             try:
                 outputs = fn(*capture_args)
                 if not keep_graph and hooks:
-                    _run_hooks(hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors)
+                    _run_hooks(
+                        hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
+                    )
             finally:
                 graph.capture_end()
     except Exception as exc:
@@ -312,11 +316,15 @@ def capture_graph(
             graph.instantiate()
         except Exception as exc:
             _discard(graph)
-            raise CaptureError(SkipReason(SkipCode.INSTANTIATE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
+            raise CaptureError(
+                SkipReason(SkipCode.INSTANTIATE_FAILED, f"{type(exc).__name__}: {exc}")
+            ) from exc
     if hook_errors:
         _discard(graph)
-        exc = hook_errors[0]
-        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"graph hook: {type(exc).__name__}: {exc}"))
+        first = hook_errors[0]
+        raise CaptureError(
+            SkipReason(SkipCode.CAPTURE_FAILED, f"graph hook: {type(first).__name__}: {first}")
+        )
 
     if isinstance(outputs, tuple):
         container, out_list = "tuple", list(outputs)
@@ -351,7 +359,10 @@ def capture_graph(
 
 
 def _run_hooks(
-    hooks: Sequence[GraphHook], handle: int, placeholders: Mapping[int, torch.Tensor], errors: list[BaseException]
+    hooks: Sequence[GraphHook],
+    handle: int,
+    placeholders: Mapping[int, torch.Tensor],
+    errors: list[BaseException],
 ) -> None:
     for hook in hooks:
         try:

@@ -49,8 +49,6 @@ _GRAPH_PREFERENCE = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
 
 def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     runner = slot.runner
-    options = runner.options
-    plan = runner.plan
     record = slot.record
     mutated = sorted(slot.mutated)
     snapshot = {i: args[i].clone() for i in mutated}
@@ -72,7 +70,9 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         if problem is None:
             candidates.append(variant)
         else:
-            code = SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
+            code = (
+                SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
+            )
             record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
             graph.release()
             del graphs[variant]
@@ -104,7 +104,9 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     return slot.run(args)
 
 
-def _capture_variants(slot: GraphSlot, args: Sequence[Any], mutated: list[int]) -> dict[Variant, CapturedGraph]:
+def _capture_variants(
+    slot: GraphSlot, args: Sequence[Any], mutated: list[int]
+) -> dict[Variant, CapturedGraph]:
     runner = slot.runner
     plan = runner.plan
     record = slot.record
@@ -176,7 +178,11 @@ def _capture_variants(slot: GraphSlot, args: Sequence[Any], mutated: list[int]) 
         return graphs
     result = holder.get("result")
     if result is None or isinstance(result, SkipReason):
-        reason = result if isinstance(result, SkipReason) else SkipReason(SkipCode.PI_FAILED, "prepare returned nothing")
+        reason = (
+            result
+            if isinstance(result, SkipReason)
+            else SkipReason(SkipCode.PI_FAILED, "prepare returned nothing")
+        )
         record.add_skip(reason)
         log_once(reason, f"graph {record.graph_id} (PI)")
         pi_graph.release()
@@ -231,7 +237,8 @@ def _check_variant(
         except Exception as exc:
             return f"replay failed at new input addresses: {type(exc).__name__}: {exc}"
         problem = outputs_match(reference, out_moved, "output at new input addresses")
-        graph.pi_plan.update(args) if graph.pi_plan is not None else None
+        if graph.pi_plan is not None:
+            graph.pi_plan.update(args)
     return problem
 
 
@@ -253,7 +260,11 @@ def _choose(
     if mutates:
         return Decision(best_graph, DecisionSource.NOT_PROFILED_MUTATION, numeric_checks=checks)
     previous = slot.decision
-    if previous is not None and previous.variant in candidates and previous.source != DecisionSource.ONLY_CANDIDATE:
+    if (
+        previous is not None
+        and previous.variant in candidates
+        and previous.source != DecisionSource.ONLY_CANDIDATE
+    ):
         return previous
     key = runner.decision_key(slot, candidates)
     cache = decision_cache(options.resolved_cache_dir()) if (options.persist_decisions and key) else None
@@ -276,7 +287,9 @@ def _choose(
     for variant, graph in graphs.items():
         if variant in candidates:
             runs[variant] = _bound_run(slot, variant, graph, args)
-    samples = time_variants(runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device)
+    samples = time_variants(
+        runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
+    )
     med = medians(samples)
     decision = Decision(
         choose(med),
@@ -291,7 +304,9 @@ def _choose(
     return decision
 
 
-def _bound_run(slot: GraphSlot, variant: Variant, graph: CapturedGraph, args: Sequence[Any]) -> Callable[[], Any]:
+def _bound_run(
+    slot: GraphSlot, variant: Variant, graph: CapturedGraph, args: Sequence[Any]
+) -> Callable[[], Any]:
     def run() -> Any:
         return _run_variant(slot, variant, graph, args)
 

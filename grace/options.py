@@ -68,7 +68,15 @@ class GraceOptions:
     max_recaptures: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("cuda_graphs", "cgct", "pi", "scg", "persist_decisions", "clone_outputs", "check_numerics"):
+        for name in (
+            "cuda_graphs",
+            "cgct",
+            "pi",
+            "scg",
+            "persist_decisions",
+            "clone_outputs",
+            "check_numerics",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")
         minimums = {
@@ -103,7 +111,9 @@ class GraceOptions:
                     f"unknown grace option(s) {unknown}; valid options are {list(cls.field_names())}"
                 )
             return cls(**dict(value))
-        raise GraceOptionsError(f"grace options must be GraceOptions, a mapping or None, got {type(value).__name__}")
+        raise GraceOptionsError(
+            f"grace options must be GraceOptions, a mapping or None, got {type(value).__name__}"
+        )
 
     def replace(self, **changes: Any) -> GraceOptions:
         return dataclasses.replace(self, **changes)

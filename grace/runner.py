@@ -35,7 +35,6 @@ import torch
 
 from grace import stats as grace_stats
 from grace.capture import CaptureContext, CapturedGraph, run_on_side_stream
-from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import Decision, DecisionKey, Variant

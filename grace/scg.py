@@ -165,10 +165,15 @@ def outputs_match(reference: Any, candidate: Any, path: str = "output") -> str |
         if not (isinstance(reference, torch.Tensor) and isinstance(candidate, torch.Tensor)):
             return f"{path}: type {type(reference).__name__} vs {type(candidate).__name__}"
         if reference.shape != candidate.shape or reference.dtype != candidate.dtype:
-            return f"{path}: {tuple(reference.shape)}/{reference.dtype} vs {tuple(candidate.shape)}/{candidate.dtype}"
+            return (
+                f"{path}: {tuple(reference.shape)}/{reference.dtype} "
+                f"vs {tuple(candidate.shape)}/{candidate.dtype}"
+            )
         if reference.dtype.is_floating_point or reference.dtype.is_complex:
             rtol, atol = _TOLERANCES.get(str(reference.dtype), (1e-2, 1e-2))
-            ok = torch.allclose(reference, candidate.to(reference.device), rtol=rtol, atol=atol, equal_nan=True)
+            ok = torch.allclose(
+                reference, candidate.to(reference.device), rtol=rtol, atol=atol, equal_nan=True
+            )
             if not ok:
                 diff = (reference.double() - candidate.double().to(reference.device)).abs()
                 diff = torch.nan_to_num(diff, nan=math.inf)
@@ -213,7 +218,9 @@ class DecisionCache:
         try:
             data = json.loads(text)
         except ValueError:
-            logger.warning("grace: %s is not valid JSON; deciding again (delete it to start afresh)", self.path)
+            logger.warning(
+                "grace: %s is not valid JSON; deciding again (delete it to start afresh)", self.path
+            )
             return {}
         if not isinstance(data, dict) or data.get("format") != DECISIONS_FORMAT:
             logger.warning("grace: %s is not a grace decision file; ignoring it", self.path)
@@ -265,7 +272,11 @@ class DecisionCache:
             self._write(merged)
 
     def _write(self, decisions: dict[str, dict[str, Any]]) -> None:
-        payload = {"format": DECISIONS_FORMAT, "format_version": DECISIONS_FORMAT_VERSION, "decisions": decisions}
+        payload = {
+            "format": DECISIONS_FORMAT,
+            "format_version": DECISIONS_FORMAT_VERSION,
+            "decisions": decisions,
+        }
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".scg-", suffix=".json", dir=self.path.parent)
@@ -273,7 +284,9 @@ class DecisionCache:
                 json.dump(payload, handle, indent=1, sort_keys=True)
             os.replace(tmp, self.path)
         except OSError as exc:
-            logger.warning("grace: cannot write SCG decisions to %s (%s); they stay in memory", self.path, exc)
+            logger.warning(
+                "grace: cannot write SCG decisions to %s (%s); they stay in memory", self.path, exc
+            )
 
 
 def _json_roundtrip(value: Any) -> Any:

@@ -162,12 +162,13 @@ def compile_with_inductor(
     from torch._inductor.compile_fx import compile_fx
 
     with _autograd_cache_disabled(need_inner_outputs):
-        return compile_fx(
+        compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
             gm,
             list(example_inputs),
             inner_compile=_make_inner_compile(record),
             config_patches={"triton.cudagraphs": False},
         )
+    return compiled
 
 
 def inductor_module_globals(output_code: Any) -> dict[str, Any] | None:
@@ -231,6 +232,37 @@ def graph_code_hash(gm: torch.fx.GraphModule) -> str:
     except Exception:
         code = str(gm.graph)
     return hashlib.sha256(code.encode()).hexdigest()[:24]
+
+
+def backend_restart_exception() -> type[BaseException] | None:
+    """The ``RestartAnalysis`` subclass that Dynamo lets out of a backend call, or None.
+
+    Dynamo wraps a plain ``RestartAnalysis`` raised by a backend into ``BackendCompilerFailed``; releases
+    that pass ``TensorifyScalarRestartAnalysis`` through (2.13 does) restart the frame's analysis with it.
+    """
+    try:
+        import torch._dynamo.exc as dynamo_exc
+        import torch._dynamo.output_graph as output_graph
+    except Exception:
+        return None
+    cls = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", None)
+    if cls is None or getattr(output_graph, "TensorifyScalarRestartAnalysis", None) is not cls:
+        return None
+    return cls  # type: ignore[no-any-return]
+
+
+def as_backend_restart(exc: BaseException) -> BaseException:
+    """``exc`` (a ``RestartAnalysis``) in the form Dynamo restarts on when a backend raises it."""
+    cls = backend_restart_exception()
+    if cls is None or isinstance(exc, cls):
+        return exc
+    reason = getattr(exc, "restart_reason", None)
+    try:
+        converted = cls(*exc.args, restart_reason=reason)
+    except TypeError:
+        converted = cls(*exc.args)
+    converted.__cause__ = exc
+    return converted
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> bool:

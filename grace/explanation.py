@@ -50,7 +50,8 @@ class ExplainReport:
         for g in self.graphs:
             state = "captured" if g.captured else "not captured"
             lines.append(
-                f"graph {g.callable_id} [{g.graph_hash}]: {state}; {g.num_nodes} FX nodes, {g.num_inputs} inputs "
+                f"graph {g.callable_id} [{g.graph_hash}]: {state}; {g.num_nodes} FX nodes, "
+                f"{g.num_inputs} inputs "
                 f"({g.static_inputs} static, {g.dynamic_inputs} dynamic), "
                 f"CGCT {'transformed' if g.cgct_transformed else 'not applied'}"
             )
@@ -67,7 +68,11 @@ class ExplainReport:
                     + (f" ({decision.get('source')})" if decision else "")
                     + (f"; medians {timing}" if timing else "")
                     + (f"; {s['kernel_nodes']} kernel nodes" if s.get("kernel_nodes") is not None else "")
-                    + (f"; copies {s['copy_bytes_per_replay']} B/replay" if s["variant"] != "no_graph" else "")
+                    + (
+                        f"; copies {s['copy_bytes_per_replay']} B/replay"
+                        if s["variant"] != "no_graph"
+                        else ""
+                    )
                 )
                 for reason in s["skip_reasons"]:
                     lines.append(f"    why: {reason['code']}: {reason['detail']}")
@@ -76,7 +81,9 @@ class ExplainReport:
         return "\n".join(lines)
 
 
-def explain(model: Any, *inputs: Any, options: GraceOptions | None = None, calls: int | None = None) -> ExplainReport:
+def explain(
+    model: Any, *inputs: Any, options: GraceOptions | None = None, calls: int | None = None
+) -> ExplainReport:
     """Compile ``model`` with grace, call it ``calls`` times (default: warm-up + 2) and report."""
     import torch
 
