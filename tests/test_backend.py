@@ -98,7 +98,7 @@ def test_available_techniques_keys_and_reasons() -> None:
         assert techniques["runtime"] == "no CUDA device"
         assert techniques["scg"] == "no CUDA device"
     for value in techniques.values():
-        assert value is None or isinstance(value, str) and value
+        assert value is None or (isinstance(value, str) and value)
 
 
 def test_dynamo_reset_releases_grace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,7 +39,7 @@ def test_invalid_values_are_rejected_with_the_field_name(changes: dict[str, obje
 def test_from_mapping_and_unknown_keys() -> None:
     assert GraceOptions.from_value({"pi": False}).pi is False
     assert GraceOptions.from_value(None) == GraceOptions()
-    with pytest.raises(GraceOptionsError, match="unknown grace option.*'pie'.*valid options"):
+    with pytest.raises(GraceOptionsError, match=r"unknown grace option.*'pie'.*valid options"):
         GraceOptions.from_value({"pie": False})
     with pytest.raises(GraceOptionsError):
         GraceOptions.from_value(3)  # type: ignore[arg-type]
