@@ -61,12 +61,9 @@ def _target_name(node: torch.fx.Node) -> str:
     return name.split(".")[-1]
 
 
-def _placeholder_names(gm: torch.fx.GraphModule) -> list[str]:
-    return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-
-
 def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> InputAnalysis:
-    names = _placeholder_names(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = [n.name for n in placeholders]
     static: list[int] = []
     dynamic: list[int] = []
     scalars: list[int] = []
@@ -81,7 +78,8 @@ def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> I
     for i, value in enumerate(example_inputs):
         name = names[i] if i < len(names) else f"input {i}"
         if isinstance(value, torch.Tensor):
-            (static if torch_compat.is_static_input(gm, i, value) else dynamic).append(i)
+            placeholder = placeholders[i] if i < len(placeholders) else None
+            (static if torch_compat.is_static_input(placeholder, value) else dynamic).append(i)
             if value.device.type != "cuda":
                 first(SkipReason(SkipCode.CPU_INPUT, f"input {name} is on {value.device}"))
             else:

@@ -201,7 +201,7 @@ def inductor_module_globals(output_code: Any) -> dict[str, Any] | None:
 # --- Dynamo ------------------------------------------------------------------------------------
 
 
-def is_static_input(gm: torch.fx.GraphModule | None, index: int, value: Any) -> bool:
+def is_static_input(placeholder: torch.fx.Node | None, value: Any) -> bool:
     """Parameters and buffers Dynamo passes as inputs: their address is stable across calls."""
     if not isinstance(value, torch.Tensor):
         return False
@@ -209,12 +209,10 @@ def is_static_input(gm: torch.fx.GraphModule | None, index: int, value: Any) -> 
         return True
     if getattr(value, "_dynamo_static_input_type", None):
         return True
-    if gm is not None:
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        if index < len(placeholders):
-            tensor_dict = placeholders[index].meta.get("tensor_dict", {})
-            if isinstance(tensor_dict, dict) and tensor_dict.get("_dynamo_static_input_type"):
-                return True
+    if placeholder is not None:
+        tensor_dict = placeholder.meta.get("tensor_dict", {})
+        if isinstance(tensor_dict, dict) and tensor_dict.get("_dynamo_static_input_type"):
+            return True
     return False
 
 
