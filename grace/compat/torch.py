@@ -256,7 +256,7 @@ def as_backend_restart(exc: BaseException) -> BaseException:
         return exc
     reason = getattr(exc, "restart_reason", None)
     try:
-        converted = cls(*exc.args, restart_reason=reason)
+        converted = cls(*exc.args, restart_reason=reason)  # type: ignore[call-arg]
     except TypeError:
         converted = cls(*exc.args)
     converted.__cause__ = exc
