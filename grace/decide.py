@@ -131,6 +131,7 @@ def _capture_variants(
     summary = sink.get("summary")
     if summary is not None:
         record.kernel_nodes = summary.kernel_nodes
+        record.launch_nodes = sum(summary.by_type.get(t, 0) for t in ("kernel", "memset", "memcpy"))
         record.node_types = dict(summary.by_type)
     elif "summary_error" in sink:
         logger.debug("grace: no node counts for %s: %s", record.graph_id, sink["summary_error"])

@@ -36,6 +36,7 @@ class GraphStats:
     device: str
     variant: Variant = Variant.PENDING
     kernel_nodes: int | None = None
+    launch_nodes: int | None = None  # kernel, memset and memcpy nodes: launches a no-graph call makes
     node_types: dict[str, int] = field(default_factory=dict)
     copy_bytes_per_replay: int = 0
     copy_launches_per_replay: int = 0
@@ -55,9 +56,9 @@ class GraphStats:
         _count_fallback(reason)
 
     def kernel_launches_per_call(self) -> int | None:
-        """Kernels launched outside any graph in one steady-state call."""
+        """Launches (kernels, memsets, memcpys) outside any graph in one steady-state call."""
         if self.variant in (Variant.NO_GRAPH, Variant.PENDING):
-            return self.kernel_nodes
+            return self.launch_nodes
         return self.copy_launches_per_replay
 
     def graph_launches_per_call(self) -> float:

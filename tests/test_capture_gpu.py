@@ -4,6 +4,8 @@ access; PI seam wiring; memory released on reset. All tests carry the ``gpu`` ma
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +36,17 @@ def fresh(tmp_path: Path) -> Iterator[None]:
 
 
 def _options(tmp_path: Path, **changes: Any) -> GraceOptions:
-    return GraceOptions(cache_dir=str(tmp_path), scg_samples=5, scg_warmup=1, **changes)
+    values: dict[str, Any] = {"cache_dir": str(tmp_path), "scg_samples": 5, "scg_warmup": 1}
+    values.update(changes)
+    return GraceOptions(**values)
+
+
+def _save_artifact(name: str, payload: Any) -> None:
+    """Keep evidence (stats snapshots) when ``GRACE_TEST_ARTIFACTS`` names a directory."""
+    directory = os.environ.get("GRACE_TEST_ARTIFACTS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str))
 
 
 # --- models ------------------------------------------------------------------------------------
@@ -195,6 +207,7 @@ def _check_model(name: str, options: GraceOptions) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", ["mlp", "cnn", "linears_cpu_scalar", "xlnet", "deberta"])
 def test_numerics_equal_eager_with_graphs_kept(name: str, tmp_path: Path) -> None:
     snapshot = _check_model(name, _options(tmp_path, scg=False))
+    _save_artifact(f"stats_kept_{name}", snapshot)
     variants = {r["variant"] for r in snapshot}
     if name in ("mlp", "cnn"):
         assert variants & {"graph_copies", "graph_pi"}, snapshot
@@ -206,6 +219,7 @@ def test_numerics_equal_eager_with_graphs_kept(name: str, tmp_path: Path) -> Non
 @pytest.mark.parametrize("name", ["mlp", "xlnet"])
 def test_numerics_equal_eager_with_scg(name: str, tmp_path: Path) -> None:
     snapshot = _check_model(name, _options(tmp_path))
+    _save_artifact(f"stats_scg_{name}", snapshot)
     assert any(r["decision"] is not None for r in snapshot)
 
 

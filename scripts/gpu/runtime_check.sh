@@ -17,7 +17,7 @@ timeout "${TIMING_TIMEOUT:-110}" python scripts/gpu/runtime_timing.py --out "$OU
 echo "timing rc=$?"
 tail -n 8 "$OUT/timing.log"
 
-timeout "${TESTS_TIMEOUT:-170}" python -m pytest -m gpu tests/test_capture_gpu.py -q -p no:cacheprovider \
+GRACE_TEST_ARTIFACTS="$OUT/stats" timeout "${TESTS_TIMEOUT:-170}" python -m pytest -m gpu tests/test_capture_gpu.py -q -p no:cacheprovider \
   --junitxml="$OUT/junit.xml" > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests rc=$?"
 grep -E "passed|failed|error|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -n 40
