@@ -39,13 +39,24 @@ def _mapped(device: torch.device, device_map: DeviceMap | None) -> torch.device:
     return device_map.get(device, device)
 
 
+def _copy_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    mode = getattr(tensor, "fake_mode", None)  # fake example inputs are copied inside their mode
+    if mode is None:
+        return tensor.to(device)
+    with mode:
+        return tensor.to(device)
+
+
 @dataclass(frozen=True)
 class HoistStep:
     index: int
     device: torch.device
 
     def apply(self, inputs: list[Any], device_map: DeviceMap | None = None) -> None:
-        inputs[self.index] = inputs[self.index].to(_mapped(self.device, device_map))
+        if device_map is None:
+            inputs[self.index] = _copy_to(inputs[self.index], self.device)
+        else:  # checking without the device: still a copy, as the real one is
+            inputs[self.index] = inputs[self.index].to(_mapped(self.device, device_map), copy=True)
 
     def describe(self) -> str:
         return f"input {self.index} -> {self.device}"

@@ -102,6 +102,8 @@ class GraphFacts:
 
 
 class _Recorder(TorchDispatchMode):
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[Any] = []

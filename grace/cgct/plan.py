@@ -102,8 +102,12 @@ def _initial_action(
     node: torch.fx.Node,
     facts: GraphFacts,
     example: Any,
+    decided: dict[torch.fx.Node, Action],
 ) -> Action | str:
-    """The action a CPU node could take, or the reason it cannot move."""
+    """The action a CPU node could take, or the reason it cannot move.
+
+    Nodes are visited in graph (topological) order; ``decided`` holds the actions of earlier nodes.
+    """
     record = facts[node]
     if node.op in ("placeholder", "get_attr"):
         if not isinstance(example, torch.Tensor):
@@ -134,7 +138,8 @@ def _initial_action(
     if record.mutated_later:
         return "updated in place later in the graph"
     if not _has_python_symbols(node) and all(
-        facts[arg].tensor_outputs or not _holds_symbols(facts[arg].value) for arg in node.all_input_nodes
+        (decided.get(arg) is Action.FOLD) if facts[arg].tensor_outputs else _constant_scalar(arg)
+        for arg in node.all_input_nodes
     ):
         return Action.FOLD
     exact = all(ops.is_exact(op, record.integral_outputs) for op in record.ops)
@@ -155,6 +160,11 @@ def _holds_symbols(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_holds_symbols(v) for v in value)
     return compat.is_symbolic(value)
+
+
+def _constant_scalar(node: torch.fx.Node) -> bool:
+    """A non-tensor node whose value is fixed for this trace (Dynamo guards on it)."""
+    return node.op not in ("placeholder", "get_attr") and not _holds_symbols(compat.node_value(node))
 
 
 def _has_python_symbols(node: torch.fx.Node) -> bool:
@@ -184,19 +194,11 @@ def plan(
             example = _attribute_tensor(gm, node)
         else:
             example = None
-        action = _initial_action(gm, node, facts, example)
+        action = _initial_action(gm, node, facts, example, candidates)
         if isinstance(action, Action):
             candidates[node] = action
         else:
             result.blocked[node] = action
-
-    # Constants depend only on constants; a FOLD candidate with a non-constant input follows instead.
-    for node, action in list(candidates.items()):
-        if action is Action.FOLD and any(
-            candidates.get(arg) is not Action.FOLD and facts[arg].tensor_outputs
-            for arg in node.all_input_nodes
-        ):
-            candidates[node] = Action.FOLLOW
 
     changed = True
     while changed:

@@ -59,8 +59,16 @@ class _Emulator(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
-        args, kwargs = self._map_args(args, kwargs)
-        return super().call_method(target, args, kwargs)
+        if target == "cuda":
+            device = args[1] if len(args) > 1 else kwargs.get("device", 0)
+            device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            args, kwargs = (args[0], device), {"non_blocking": kwargs.get("non_blocking", False)}
+            target = "to"
+        mapped_args, mapped_kwargs = self._map_args(args, kwargs)
+        if target == "to" and (mapped_args != args or mapped_kwargs != kwargs):
+            # A device copy mapped onto the same device must stay a copy, not become an alias.
+            mapped_kwargs = {**mapped_kwargs, "copy": True}
+        return super().call_method(target, mapped_args, mapped_kwargs)
 
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         constants = getattr(self.module, "_cgct_constants", {})
