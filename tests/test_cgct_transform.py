@@ -94,7 +94,7 @@ def position_ids(x: torch.Tensor) -> torch.Tensor:
 
 def test_position_ids_static_shapes(twins: Twins) -> None:
     (graph,) = capture(position_ids, twins.inputs(torch.randn(2, 6)), twins.mode)
-    result, before, after = _transform_and_check(graph, twins)
+    _, before, after = _transform_and_check(graph, twins)
     assert before >= {"arange"} and after == set()
 
 
