@@ -239,6 +239,14 @@ def fake_on_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
         )
 
 
+def fake_like(reference: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """A fake tensor in ``reference``'s fake mode with ``value``'s shape, strides, dtype and device."""
+    mode = getattr(reference, "fake_mode", None)
+    context = mode if mode is not None else contextlib.nullcontext()
+    with context:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+
+
 def relocate_tensor(tensor: torch.Tensor, device: torch.device) -> None:
     """Move ``tensor`` to ``device`` in place: every holder (module, list, closure) sees the move.
 

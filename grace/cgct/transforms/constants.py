@@ -86,14 +86,16 @@ def fold_constants(
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"constant {node.name} folded to {type(value).__name__}, not a tensor")
         name = f"_cgct_constant_{len(constants)}"
-        setattr(gm, name, materialize(value, relocation.target, fake_mode))
+        placed = materialize(value, relocation.target, fake_mode)
+        setattr(gm, name, placed)
         constants[name] = value
         with gm.graph.inserting_before(node):
             attribute = gm.graph.create_node("get_attr", name)
         attribute.meta = dict(node.meta)
         old = compat.node_value(node)
         if isinstance(old, torch.Tensor) and compat.is_fake(old):
-            compat.set_node_value(attribute, compat.fake_on_device(old, relocation.target))
+            # Tensor.to makes an expanded (overlapping) value contiguous: describe what is stored.
+            compat.set_node_value(attribute, compat.fake_like(old, placed))
         node.replace_all_uses_with(attribute)
         fixed[original[node.name]] = (
             f"constant computed once on the CPU at compile time and kept on {relocation.target}"
