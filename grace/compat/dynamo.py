@@ -201,7 +201,7 @@ def concrete_int(value: Any) -> int:
     if hint is not None:
         return int(hint)
     shape_env = getattr(node, "shape_env", None)
-    if shape_env is not None:
+    if node is not None and shape_env is not None:
         return int(shape_env.size_hint(node.expr))
     return int(value)
 
@@ -397,6 +397,6 @@ def make_restart(reason: str) -> BaseException | None:
     if exception_type is None:
         return None
     try:
-        return exception_type(restart_reason=reason)
+        return exception_type(restart_reason=reason)  # type: ignore[call-arg]
     except TypeError:  # releases whose RestartAnalysis takes no keyword
         return exception_type(reason)
