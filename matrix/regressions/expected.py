@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from matrix.regressions.errors import RegressionsError
+from matrix.regressions.errors import RegressionsConfigError
 from matrix.regressions.observations import Suite
 from matrix.regressions.status import Expectation
 from matrix.store.models import ExpectedStatus
@@ -58,60 +58,60 @@ _KEYS = {"cells", "suite", "workload", "mode", "status", "flaky", "reason"}
 def _entry(item: Mapping[str, Any], where: str) -> Expectation:
     unknown = sorted(set(item) - _KEYS)
     if unknown:
-        raise RegressionsError(f"{where}: unknown keys {unknown}; expected some of {sorted(_KEYS)}")
+        raise RegressionsConfigError(f"{where}: unknown keys {unknown}; expected some of {sorted(_KEYS)}")
     for required in ("suite", "workload", "mode", "status", "reason"):
         if not isinstance(item.get(required), str) or not item[required]:
-            raise RegressionsError(f"{where}: {required!r} must be a non-empty string")
+            raise RegressionsConfigError(f"{where}: {required!r} must be a non-empty string")
     try:
         suite = Suite(item["suite"])
     except ValueError:
-        raise RegressionsError(
+        raise RegressionsConfigError(
             f"{where}: suite {item['suite']!r} is not one of {[s.value for s in Suite]}"
         ) from None
     status = item["status"]
     if status not in _STATUSES[suite]:
-        raise RegressionsError(
+        raise RegressionsConfigError(
             f"{where}: status {status!r} is not a {suite.value} status; use one of {sorted(_STATUSES[suite])}"
         )
     mode = item["mode"]
     stages = {s.value for s in PIStage}
     if suite is Suite.PI and not any(ch in mode for ch in "*?[") and mode not in stages:
-        raise RegressionsError(f"{where}: PI stage {mode!r} is not one of {sorted(stages)}")
+        raise RegressionsConfigError(f"{where}: PI stage {mode!r} is not one of {sorted(stages)}")
     cells = item.get("cells", "*")
     flaky = item.get("flaky", False)
     if not isinstance(cells, str) or not cells:
-        raise RegressionsError(f"{where}: 'cells' must be a non-empty fnmatch pattern string")
+        raise RegressionsConfigError(f"{where}: 'cells' must be a non-empty fnmatch pattern string")
     if not isinstance(flaky, bool):
-        raise RegressionsError(f"{where}: 'flaky' must be true or false")
+        raise RegressionsConfigError(f"{where}: 'flaky' must be true or false")
     return Expectation(cells, suite, item["workload"], mode, status, flaky, item["reason"])
 
 
 def expectations_from_mapping(data: Mapping[str, Any], source: str = "<expected>") -> list[Expectation]:
     fmt = data.get("format")
     if fmt is None:
-        raise RegressionsError(f"{source}: missing 'format = {EXPECTED_FORMAT}' at the top of the file")
+        raise RegressionsConfigError(f"{source}: missing 'format = {EXPECTED_FORMAT}' at the top of the file")
     if not isinstance(fmt, int) or fmt > EXPECTED_FORMAT:
-        raise RegressionsError(
+        raise RegressionsConfigError(
             f"{source}: format {fmt!r} is newer than this reader ({EXPECTED_FORMAT}); upgrade grace-matrix"
         )
     unknown = sorted(set(data) - {"format", "expected"})
     if unknown:
-        raise RegressionsError(
+        raise RegressionsConfigError(
             f"{source}: unknown top-level keys {unknown}; entries go in [[expected]] tables"
         )
     items = data.get("expected", [])
     if not isinstance(items, list):
-        raise RegressionsError(f"{source}: 'expected' must be an array of tables ([[expected]])")
+        raise RegressionsConfigError(f"{source}: 'expected' must be an array of tables ([[expected]])")
     entries: list[Expectation] = []
     seen: dict[tuple[str, str, str, str], int] = {}
     for i, item in enumerate(items):
         where = f"{source}: expected[{i}]"
         if not isinstance(item, Mapping):
-            raise RegressionsError(f"{where}: must be a table")
+            raise RegressionsConfigError(f"{where}: must be a table")
         entry = _entry(item, where)
         ident = (entry.cell_pattern, entry.suite.value, entry.workload, entry.mode)
         if ident in seen:
-            raise RegressionsError(
+            raise RegressionsConfigError(
                 f"{where}: duplicates expected[{seen[ident]}] (same cells, suite, workload, mode)"
             )
         seen[ident] = i
@@ -124,11 +124,11 @@ def load_expected_file(path: Path | str) -> list[Expectation]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RegressionsError(f"cannot read expected statuses {path}: {exc.strerror or exc}") from exc
+        raise RegressionsConfigError(f"cannot read expected statuses {path}: {exc.strerror or exc}") from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise RegressionsError(f"{path}: not valid TOML: {exc}") from exc
+        raise RegressionsConfigError(f"{path}: not valid TOML: {exc}") from exc
     return expectations_from_mapping(data, str(path))
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from matrix.regressions.errors import RegressionsError
+from matrix.regressions.errors import RegressionsConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,7 +99,7 @@ def _section(cls: type[Any], data: Mapping[str, Any], where: str, skip: tuple[st
         if key in skip:
             continue
         if key not in known:
-            raise RegressionsError(
+            raise RegressionsConfigError(
                 f"{where}: unknown key {key!r}; expected one of {sorted(known)} (check the spelling)"
             )
         expected = getattr(default, key)
@@ -116,7 +116,7 @@ def _section(cls: type[Any], data: Mapping[str, Any], where: str, skip: tuple[st
         else:  # pragma: no cover - every field above is one of these types
             ok = True
         if not ok:
-            raise RegressionsError(
+            raise RegressionsConfigError(
                 f"{where}.{key}: expected a value like {expected!r}, got {value!r} ({type(value).__name__})"
             )
         values[key] = value
@@ -144,33 +144,33 @@ def _validate(thresholds: Thresholds, source: str) -> None:
     if thresholds.history.window < 2 * thresholds.history.min_segment:
         problems.append("history.window must hold at least two segments (2 x min_segment)")
     if problems:
-        raise RegressionsError(f"{source}: " + "; ".join(problems))
+        raise RegressionsConfigError(f"{source}: " + "; ".join(problems))
 
 
 def thresholds_from_mapping(data: Mapping[str, Any], source: str = "<thresholds>") -> Thresholds:
     """Parse an already-decoded TOML document (see ``load_thresholds``)."""
     fmt = data.get("format", THRESHOLDS_FORMAT)
     if not isinstance(fmt, int) or fmt > THRESHOLDS_FORMAT:
-        raise RegressionsError(
+        raise RegressionsConfigError(
             f"{source}: format {fmt!r} is newer than this reader ({THRESHOLDS_FORMAT}); upgrade grace-matrix"
         )
     sections = {"status", "pairwise", "history", "repro"}
     unknown = sorted(set(data) - sections - {"format"})
     if unknown:
-        raise RegressionsError(f"{source}: unknown sections {unknown}; expected {sorted(sections)}")
+        raise RegressionsConfigError(f"{source}: unknown sections {unknown}; expected {sorted(sections)}")
     for name in sections & set(data):
         if not isinstance(data[name], Mapping):
-            raise RegressionsError(f"{source}: [{name}] must be a table")
+            raise RegressionsConfigError(f"{source}: [{name}] must be a table")
     pairwise_data = data.get("pairwise", {})
     overrides = []
     raw_overrides = pairwise_data.get("override", [])
     if not isinstance(raw_overrides, list):
-        raise RegressionsError(
+        raise RegressionsConfigError(
             f"{source}: pairwise.override must be an array of tables ([[pairwise.override]])"
         )
     for i, item in enumerate(raw_overrides):
         if not isinstance(item, Mapping):
-            raise RegressionsError(f"{source}: pairwise.override[{i}] must be a table")
+            raise RegressionsConfigError(f"{source}: pairwise.override[{i}] must be a table")
         overrides.append(_section(RatioOverride, item, f"{source}: pairwise.override[{i}]"))
     pairwise = _section(
         PairwiseThresholds, pairwise_data, f"{source}: pairwise", skip=("override", "overrides")
@@ -191,9 +191,9 @@ def load_thresholds(path: Path | str | None = None) -> Thresholds:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RegressionsError(f"cannot read thresholds file {path}: {exc.strerror or exc}") from exc
+        raise RegressionsConfigError(f"cannot read thresholds file {path}: {exc.strerror or exc}") from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise RegressionsError(f"{path}: not valid TOML: {exc}") from exc
+        raise RegressionsConfigError(f"{path}: not valid TOML: {exc}") from exc
     return thresholds_from_mapping(data, str(path))
