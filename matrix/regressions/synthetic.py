@@ -23,7 +23,7 @@ import random
 import statistics
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import insert, select
@@ -113,6 +113,30 @@ class SyntheticSpec:
     start: dt.datetime = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
     regressions: tuple[SeededRegression, ...] = ()
     failures: tuple[SeededFailure, ...] = field(default=())
+
+
+def results_per_run(spec: SyntheticSpec) -> int:
+    """Result rows (correctness, performance and PI stage) that one run of ``spec`` writes."""
+    return 2 * len(spec.workloads) * len(spec.modes) + len(spec.pi_subjects) * len(_PI_STAGES)
+
+
+def spec_for_results(target: int, cells: int = 5, workloads: int = 25, seed: int = 0) -> SyntheticSpec:
+    """A history of at least ``target`` result rows: ``cells`` cells, ``workloads`` workloads, six modes,
+    five PI subjects, as many nights as it takes (for benchmarks of detection and rendering)."""
+    modes = ("eager", "inductor", "pt2cg", "pt2cg-nopartition", "grace", "grace-cgct")
+    cell_specs = tuple(
+        SyntheticCell(f"torch-2.{4 + i}", f"2.{4 + i}.0", f"3.{i}.0", "12.4" if i < 4 else "12.8")
+        for i in range(cells)
+    )
+    spec = SyntheticSpec(
+        cells=cell_specs,
+        workloads=tuple(f"workload_{i:03d}" for i in range(workloads)),
+        modes=modes,
+        pi_subjects=tuple(f"triton_poi_fused_{i}" for i in range(5)),
+        seed=seed,
+    )
+    per_night = results_per_run(spec) * cells
+    return replace(spec, nights=max(2, -(-target // per_night)))
 
 
 def _fingerprint(cell: SyntheticCell) -> str:
