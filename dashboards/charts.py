@@ -43,7 +43,7 @@ def _nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:
     magnitude = 10 ** math.floor(math.log10(raw))
     step = min((m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw), default=raw)
     start = math.floor(lo / step) * step
-    ticks = []
+    ticks: list[float] = []
     value = start
     while value <= hi + step * 0.5 and len(ticks) < 12:
         if value >= lo - step * 0.5:
@@ -98,9 +98,10 @@ def line_chart(
         f'<text x="12" y="{top + plot_h / 2:.1f}" transform="rotate(-90 12 {top + plot_h / 2:.1f})" '
         f'text-anchor="middle" class="tick">{escape(unit)}</text>'
     )
-    for x, label in (x_labels or {}).items():
+    for position, label in (x_labels or {}).items():
         out.append(
-            f'<text x="{sx(x):.1f}" y="{height - 8}" text-anchor="middle" class="tick">{escape(label)}</text>'
+            f'<text x="{sx(position):.1f}" y="{height - 8}" text-anchor="middle" class="tick">'
+            f"{escape(label)}</text>"
         )
     for step in steps:
         x = sx(step.x - 0.5) if step.x > x_lo else sx(step.x)

@@ -234,10 +234,10 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
     ]
     _write(root / "data" / "runs.js", _js_data("GRACE_RUN_INDEX", None, index))
     for d in site.digests:
-        rows = [[s, w, m, st, _clean(med)] for s, w, m, st, med in d.rows]
+        data_rows = [[s, w, m, st, _clean(med)] for s, w, m, st, med in d.rows]
         _write(
             root / "data" / _run_file(d.run),
-            _js_data("GRACE_RUNS", d.run.uid, {"format": SITE_FORMAT, "rows": rows}),
+            _js_data("GRACE_RUNS", d.run.uid, {"format": SITE_FORMAT, "rows": data_rows}),
         )
 
     entries = []

@@ -21,7 +21,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from markupsafe import Markup
 from sqlalchemy import select
@@ -198,9 +198,10 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
             columns.append(PerformanceResult.median_ms)
         stmt = select(*columns).join(Workload, model.workload_pk == Workload.id)
         for row in session.execute(stmt):
+            run_pk, status = cast(int, row[0]), cast(str, row[3])
             median = row[4] if len(row) > 4 else None
-            rows[row[0]].append([suite, row[1], row[2], row[3], median])
-            counts[row[0]][row[3]] += 1
+            rows[run_pk].append([suite, row[1], row[2], status, median])
+            counts[run_pk][status] += 1
             total += 1
     stmt_pi = select(PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status)
     for run_pk, subject, stage, status in session.execute(stmt_pi):
@@ -296,9 +297,16 @@ def _workloads(
     by_cell: dict[CellKey, list[RunInfo]] = defaultdict(list)
     for run in runs:
         by_cell[run.cell_key].append(run)
-    names: set[str] = set()
-    for values in medians.values():
-        names.update(w for w, _ in values)
+    # one pass over the history: workload -> cell key -> mode -> points (x = position in the window)
+    histories: dict[str, dict[CellKey, dict[str, list[Point]]]] = defaultdict(lambda: defaultdict(dict))
+    windows: dict[CellKey, list[RunInfo]] = {}
+    for key, cell_runs in by_cell.items():
+        window = windows[key] = cell_runs[-thresholds.history.window :]
+        for x, run in enumerate(window):
+            day = f"{run.started_at:%Y-%m-%d} run {run.short_uid}"
+            for (w, mode), value in medians.get(run.pk, {}).items():
+                histories[w][key].setdefault(mode, []).append(Point(x, value, f"{day}: {value:.4g} ms"))
+    names: set[str] = set(histories)
     latest_status: dict[str, list[tuple[str, str, str, str, float | None]]] = defaultdict(list)
     for cell in reports:
         statuses: dict[Suite, dict[pairwise.PerfKey, str]] = {Suite.CORRECTNESS: {}, Suite.PERFORMANCE: {}}
@@ -320,21 +328,11 @@ def _workloads(
     views = []
     for name in sorted(names):
         charts = []
-        for key, cell_runs in sorted(by_cell.items()):
-            window = cell_runs[-thresholds.history.window :]
-            series: dict[str, list[Point]] = defaultdict(list)
-            for x, run in enumerate(window):
-                for (w, mode), value in medians.get(run.pk, {}).items():
-                    if w == name:
-                        series[mode].append(
-                            Point(x, value, f"{run.started_at:%Y-%m-%d} run {run.short_uid}: {value:.4g} ms")
-                        )
-            if not series:
-                continue
+        for key, series in sorted(histories.get(name, {}).items()):
+            window = windows[key]
             marks, notes = [], []
             for mode, points in sorted(series.items()):
-                values = [p.value for p in points]
-                for step in history.detect_steps(values, thresholds.history):
+                for step in history.detect_steps([p.value for p in points], thresholds.history):
                     at = points[step.index]
                     when = window[at.x].started_at
                     label = (
@@ -345,14 +343,8 @@ def _workloads(
                     notes.append(label)
             labels = {0: f"{window[0].started_at:%m-%d}", len(window) - 1: f"{window[-1].started_at:%m-%d}"}
             title = f"{name} on {key}"
-            charts.append(
-                HistoryChart(
-                    key,
-                    title,
-                    line_chart(dict(sorted(series.items())), marks, labels, title=title),
-                    tuple(notes),
-                )
-            )
+            chart = line_chart(dict(sorted(series.items())), marks, labels, title=title)
+            charts.append(HistoryChart(key, title, chart, tuple(notes)))
         views.append(WorkloadView(name, slug(name), tuple(charts), tuple(latest_status.get(name, ()))))
     return views
 
@@ -377,7 +369,7 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
             )
             regressions.append(RegressionView(anchor, r, cell.run, cell.baseline, page))
     regressions.sort(key=lambda v: (not v.regression.new, v.run.cell_id, v.regression.kind.value))
-    improvements = []
+    improvements: list[tuple[RunInfo, str]] = []
     for cell in detected.cells:
         improvements.extend(
             (cell.run, f"{label}: now passes; update expected.toml") for label in cell.improvements

@@ -258,5 +258,10 @@ def load_pi_rows(session: Session, run_pks: Collection[int]) -> list[PIRow]:
             PIStageResult.nodeid,
             PIStageResult.details,
         ).where(PIStageResult.run_pk.in_(chunk))
-        rows.extend(PIRow(*row[:7], details=dict(row[7] or {})) for row in session.execute(stmt))
+        for run_pk, subject, stage, status, message, triton, nodeid, details in session.execute(stmt):
+            rows.append(
+                PIRow(
+                    run_pk, subject, stage, status, message or "", triton, nodeid or "", dict(details or {})
+                )
+            )
     return rows

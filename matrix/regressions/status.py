@@ -164,18 +164,18 @@ def judge_run(
         if entry.literal and entry.suite in ran_suites and fnmatch.fnmatchcase(cell_id, entry.cell_pattern):
             wanted.add(ResultKey(entry.suite, entry.workload, entry.mode))
     for key in sorted(wanted - set(merged)):
-        entry = expectation_for(expectations, cell_id, key)
-        if entry is not None and entry.status == SKIP_STATUS and not entry.flaky:
+        found = expectation_for(expectations, cell_id, key)
+        if found is not None and found.status == SKIP_STATUS and not found.flaky:
             continue  # expected to be skipped; a skip that left no record is not missing
         findings.append(
             StatusFinding(
                 cell_id=cell_id,
                 key=key,
-                verdict=Verdict.FLAKY if entry is not None and entry.flaky else Verdict.MISSING,
+                verdict=Verdict.FLAKY if found is not None and found.flaky else Verdict.MISSING,
                 actual=None,
-                expected=entry.status if entry else PASSING_STATUS[key.suite],
-                explicit=entry is not None,
-                reason=entry.reason if entry else "",
+                expected=found.status if found else PASSING_STATUS[key.suite],
+                explicit=found is not None,
+                reason=found.reason if found else "",
             )
         )
     findings.sort(key=lambda f: f.key)
