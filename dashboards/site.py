@@ -352,8 +352,12 @@ def _workloads(
 def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None = None) -> Site:
     """Everything the pages show, from the store behind ``session``."""
     runs = loader.load_runs(session)
-    detected = report.detect(session, thresholds, runs=runs) if runs else report.RegressionReport(())
     medians = loader.load_perf_medians(session)
+    detected = (
+        report.detect(session, thresholds, runs=runs, medians=medians)
+        if runs
+        else report.RegressionReport(())
+    )
     latest = [c.run for c in detected.cells]
     outcomes = loader.load_outcome_counts(session, [r.pk for r in latest])
     synthetic = _synthetic_cells(session)

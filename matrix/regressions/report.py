@@ -272,8 +272,10 @@ def detect(
     run_spec: str | None = None,
     baseline_spec: str | None = None,
     runs: list[RunInfo] | None = None,
+    medians: dict[int, dict[pairwise.PerfKey, float]] | None = None,
 ) -> RegressionReport:
-    """Judge the selected runs (see ``select_runs``) against their baselines (see ``pick_baseline``)."""
+    """Judge the selected runs (see ``select_runs``) against their baselines (see ``pick_baseline``).
+    ``runs`` and ``medians`` may be passed when the caller already loaded them (the dashboards do)."""
     all_runs = runs if runs is not None else loader.load_runs(session)
     chosen = select_runs(all_runs, run_spec)
     keys = {r.cell_key for r in chosen}
@@ -283,7 +285,7 @@ def detect(
         runs=all_runs,
         thresholds=thresholds,
         expectations=loader.load_expectations(session),
-        medians=loader.load_perf_medians(session, history_pks),
+        medians=medians if medians is not None else loader.load_perf_medians(session, history_pks),
     )
     cells = [_judge_cell(ctx, run, pick_baseline(all_runs, run, baseline_spec)) for run in chosen]
     return RegressionReport(tuple(cells))
