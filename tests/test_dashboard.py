@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import html
+import json
 import re
 import subprocess
 import sys
@@ -18,7 +18,7 @@ from dashboards import render
 from dashboards.charts import Point, StepMark, line_chart
 from dashboards.render import write_site
 from dashboards.site import Site, build_site, slug
-from matrix.commands import dashboard as dashboard_command
+from matrix.cli import main
 from matrix.regressions.synthetic import (
     SCRIPT_PAYLOAD,
     DemoSeed,
@@ -276,14 +276,12 @@ def test_dashboard_command(
     db = f"sqlite:///{tmp_path / 'store.sqlite'}"
     with open_store(db).begin() as session:
         seed_demo(session)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--db")
-    dashboard_command.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(
-        ["--db", db, "dashboard", "--out", str(tmp_path / "out"), "--base-url", "https://example.org/m/"]
-    )
-    assert args.handler(args) == 0
+    argv = ["dashboard", "--db", db, "--out", str(tmp_path / "out"), "--base-url", "https://example.org/m/"]
+    assert main(argv) == 0
     assert "rendered" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["new_regressions"] == 2 and figures["pages"] > 10
     feed = ET.parse(tmp_path / "out" / "feed.xml").getroot()
     assert all(link.get("href", "").startswith("https://example.org/m/") for link in feed.iter(f"{ATOM}link"))
 

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.cli import main
 from matrix.commands import COMMAND_MODULES
 from matrix.regressions import report
 from matrix.regressions.errors import RegressionsError
@@ -143,14 +142,7 @@ def test_report_json_is_versioned_and_complete(store: sessionmaker[Session]) -> 
 
 
 def cli(argv: list[str]) -> int:
-    """What matrix/cli.py does with COMMAND_MODULES: a global --db, one subparser per module."""
-    parser = argparse.ArgumentParser(prog="grace-matrix")
-    parser.add_argument("--db", default=None)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"matrix.commands.{name}").register(sub)
-    args = parser.parse_args(argv)
-    return int(args.handler(args))
+    return main(argv)
 
 
 @pytest.fixture
@@ -160,23 +152,23 @@ def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_command_exit_codes_and_json(db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["--db", db, "regressions"]) == 0
+    assert cli(["regressions", "--db", db]) == 0
     assert "nothing to judge" in capsys.readouterr().out
     with open_store(db).begin() as session:
         seed_history(session, SyntheticSpec(nights=6))
-    assert cli(["--db", db, "regressions"]) == 0
+    assert cli(["regressions", "--db", db]) == 0
     assert "0 new regressions" in capsys.readouterr().out
-    assert cli(["--db", db, "seed-demo", "--json"]) == 0
+    assert cli(["seed-demo", "--db", db, "--json"]) == 0
     seeded = json.loads(capsys.readouterr().out)
-    assert cli(["--db", db, "regressions", "--json"]) == 1
+    assert cli(["regressions", "--db", db, "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     kinds = {
         (r["kind"], r["workload"], r["mode"]) for c in data["cells"] for r in c["regressions"] if r["new"]
     }
     assert ("performance", *seeded["regression"]) in kinds
     assert ("status", seeded["pi_subject"], seeded["pi_stage"]) in kinds
-    assert cli(["--db", db, "regressions", "--run", "nope"]) == 1
-    assert "no run matches 'nope'" in capsys.readouterr().err
+    assert cli(["regressions", "--db", db, "--run", "nope"]) == 1
+    assert capsys.readouterr().err.startswith("grace-matrix: error: no run matches 'nope'")
 
 
 def test_command_loads_expected_file_and_reports_config_errors(
@@ -192,20 +184,25 @@ def test_command_loads_expected_file_and_reports_config_errors(
                 ),
             ),
         )
-    assert cli(["--db", db, "regressions"]) == 1
+    assert cli(["regressions", "--db", db]) == 1
     capsys.readouterr()
     (tmp_path / "expected.toml").write_text(
         'format = 1\n[[expected]]\ncells = "torch-2.9"\nsuite = "correctness"\nworkload = "pyhpc_eos"\n'
         'mode = "grace"\nstatus = "fail_to_run"\nreason = "known: tracked upstream"\n'
     )
-    assert cli(["--db", db, "regressions"]) == 0  # now an expected failure (XFAIL)
+    assert cli(["regressions", "--db", db]) == 0  # now an expected failure (XFAIL)
     assert "1 XFAIL" in capsys.readouterr().out
-    assert cli(["--db", db, "regressions", "--no-expected"]) == 0  # the store kept the synced table
+    assert cli(["regressions", "--db", db, "--no-expected"]) == 0  # the store kept the synced table
     capsys.readouterr()
     (tmp_path / "bad.toml").write_text("format = 1\n[[expected]]\nsuite = 'nope'\n")
-    assert cli(["--db", db, "regressions", "--expected", str(tmp_path / "bad.toml")]) == 2
+    assert cli(["regressions", "--db", db, "--expected", str(tmp_path / "bad.toml")]) == 2
     assert "bad.toml" in capsys.readouterr().err
-    assert cli(["--db", db, "regressions", "--thresholds", str(tmp_path / "absent.toml")]) == 2
+    assert cli(["regressions", "--db", db, "--thresholds", str(tmp_path / "absent.toml")]) == 2
+    assert "cannot read thresholds file" in capsys.readouterr().err
+
+
+def test_commands_are_registered() -> None:
+    assert {"regressions", "dashboard"} <= set(COMMAND_MODULES)
 
 
 def test_seed_demo_clones_the_latest_run(db: str) -> None:

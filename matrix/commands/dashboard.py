@@ -9,14 +9,12 @@ The site renders from the store alone (expected statuses are loaded into the sto
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
+from matrix.commands._output import print_json
 from matrix.commands.regressions import add_common_options, prepare
-from matrix.regressions.errors import RegressionsError
 from matrix.regressions.synthetic import seed_demo
 from matrix.store.db import open_store
 
@@ -28,16 +26,25 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from dashboards.site import build_site
 
     started = time.perf_counter()
-    try:
-        store, thresholds = prepare(args)
-        with store() as session:
-            site = build_site(session, thresholds)
-    except RegressionsError as exc:
-        print(f"grace-matrix dashboard: {exc}", file=sys.stderr)
-        return exc.exit_code
+    store, thresholds = prepare(args)
+    with store() as session:
+        site = build_site(session, thresholds)
     pages = write_site(site, args.out, base_url=args.base_url)
     elapsed = time.perf_counter() - started
     new = sum(v.regression.new for v in site.regressions)
+    if args.json:
+        print_json(
+            {
+                "out": str(args.out),
+                "pages": len(pages),
+                "results": site.result_count,
+                "runs": len(site.runs),
+                "new_regressions": new,
+                "regressions": len(site.regressions),
+                "seconds": round(elapsed, 3),
+            }
+        )
+        return 0
     print(
         f"rendered {len(pages)} pages from {site.result_count} results in {len(site.runs)} runs "
         f"into {args.out}/ in {elapsed:.2f} s; {new} new regressions, {len(site.regressions)} total; "
@@ -47,15 +54,11 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
 
 def run_seed_demo(args: argparse.Namespace) -> int:
-    store = open_store(getattr(args, "db", None))
-    try:
-        with store.begin() as session:
-            seeded = seed_demo(session, factor=args.factor)
-    except RegressionsError as exc:
-        print(f"grace-matrix seed-demo: {exc}", file=sys.stderr)
-        return exc.exit_code
+    store = open_store(args.db)
+    with store.begin() as session:
+        seeded = seed_demo(session, factor=args.factor)
     if args.json:
-        print(json.dumps(asdict(seeded), indent=2))
+        print_json(asdict(seeded))
     else:
         workload, mode = seeded.regression
         print(
@@ -92,5 +95,4 @@ def register(subparsers: Any) -> None:
         "synthetic history (marked synthetic on the dashboard).",
     )
     demo.add_argument("--factor", type=float, default=1.25, help="slow-down of the seeded regression (1.25)")
-    demo.add_argument("--json", action="store_true", help="print what was seeded as JSON")
     demo.set_defaults(handler=run_seed_demo)

@@ -9,14 +9,12 @@ transaction, so the dashboards render the same expectations.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.regressions.errors import RegressionsError
+from matrix.commands._output import print_json
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
 from matrix.regressions.report import RegressionReport, detect, report_to_json
 from matrix.regressions.thresholds import Thresholds, load_thresholds
@@ -48,7 +46,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 def prepare(args: argparse.Namespace) -> tuple[sessionmaker[Session], Thresholds]:
     """Open the store, load thresholds and sync the expected-status file (see ``add_common_options``)."""
     thresholds = load_thresholds(args.thresholds)
-    store = open_store(getattr(args, "db", None))
+    store = open_store(args.db)
     if not args.no_expected:
         path = Path(args.expected) if args.expected else Path(DEFAULT_FILE)
         if args.expected or path.exists():
@@ -90,16 +88,12 @@ def format_text(report: RegressionReport) -> str:
 
 
 def run_regressions(args: argparse.Namespace) -> int:
-    try:
-        store, thresholds = prepare(args)
-        with store() as session:
-            report = detect(session, thresholds, run_spec=args.run, baseline_spec=args.baseline)
-    except RegressionsError as exc:
-        print(f"grace-matrix regressions: {exc}", file=sys.stderr)
-        return exc.exit_code
+    """Exit status 1 when a new regression is found; errors propagate as ``MatrixError``s."""
+    store, thresholds = prepare(args)
+    with store() as session:
+        report = detect(session, thresholds, run_spec=args.run, baseline_spec=args.baseline)
     if args.json:
-        payload: dict[str, Any] = report_to_json(report)
-        print(json.dumps(payload, indent=2, sort_keys=False))
+        print_json(report_to_json(report))
     else:
         print(format_text(report))
     return 1 if report.new_regressions else 0
@@ -111,9 +105,8 @@ def register(subparsers: Any) -> None:
         help="flag regressions of the latest runs (exit 1 when a new one is found)",
         description="Judge runs against expected statuses, a baseline run (median ratio past a threshold AND "
         "Mann-Whitney U significant) and the nightly history (lasting steps). Exit 1 when a new "
-        "regression is found, 0 when none, 2 on a configuration error.",
+        "regression is found, 0 when none, 2 on a configuration error. --json prints the report as JSON.",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--run",
         metavar="RUN",
