@@ -43,11 +43,6 @@ _BAD = {Verdict.FAIL, Verdict.MISSING}
 _WARN = {Verdict.XFAIL, Verdict.FLAKY, Verdict.IMPROVED, Verdict.SKIP}
 
 
-def natural_key(text: str) -> tuple[Any, ...]:
-    """Sort "torch-2.9" before "torch-2.10"."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
-
-
 def slug(name: str) -> str:
     """A file name for ``name``: readable, and unique (a hash is added when characters were replaced)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
@@ -245,7 +240,7 @@ def _grid(
                 synthetic=cell.run.cell_key in synthetic,
             )
         )
-    return sorted(grid, key=lambda row: (natural_key(row.run.cell_id), row.run.gpu_name or ""))
+    return grid  # in the order of the report: natural order of cell ids
 
 
 def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:

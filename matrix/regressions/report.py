@@ -85,6 +85,11 @@ class RegressionReport:
         return [r for r in self.regressions if r.new]
 
 
+def natural_key(text: str) -> tuple[Any, ...]:
+    """Sort "torch-2.9" before "torch-2.10"."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
 def test_selector(nodeid: str, key: ResultKey) -> str:
     """A pytest ``-k`` expression that selects the test behind a result."""
     name = nodeid.rsplit("::", 1)[-1] if nodeid else ""
@@ -138,7 +143,7 @@ def select_runs(runs: Sequence[RunInfo], spec: str | None = None) -> list[RunInf
     for run in runs:  # oldest first, so the last one wins
         if _finished(run):
             latest[run.cell_key] = run
-    return sorted(latest.values(), key=lambda r: r.cell_id)
+    return sorted(latest.values(), key=lambda r: (natural_key(r.cell_id), r.gpu_name or ""))
 
 
 def pick_baseline(runs: Sequence[RunInfo], run: RunInfo, spec: str | None = None) -> RunInfo | None:
