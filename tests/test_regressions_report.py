@@ -64,7 +64,8 @@ def test_latest_runs_flag_new_and_ongoing_failures(store: sessionmaker[Session])
 def test_seeded_step_is_flagged_pairwise_on_its_night_and_by_history_once_confirmed(
     store: sessionmaker[Session],
 ) -> None:
-    per_night = {}
+    per_night: dict[int, set[tuple[str, str, str]]] = {}
+    new: dict[int, list[str]] = {}
     with store() as session:
         for night in range(1, 13):
             rep = report.detect(session, TH, run_spec=f"synthetic-nightly-2026-01-{night:02d}")
@@ -73,12 +74,15 @@ def test_seeded_step_is_flagged_pairwise_on_its_night_and_by_history_once_confir
                 for r in rep.regressions
                 if r.cell_id == "torch-2.11"
             }
+            new[night] = [r.kind.value for r in rep.new_regressions if r.cell_id == "torch-2.11"]
     assert per_night[8] == {("performance", "xlnet_lm", "grace")}  # night index 7 is the 8th night
     history_nights = [n for n, regs in per_night.items() if ("history", "xlnet_lm", "grace") in regs]
     # confirmed once, as soon as enough nights follow the step for the segments to differ significantly
     # (with 7 nights before it, three after cannot reach p < 0.01 in a two-sided rank test: four are needed)
     assert history_nights == [8 + TH.history.min_segment]
     assert all(not regs for n, regs in per_night.items() if n not in (8, *history_nights))
+    # one alert per change: the sudden jump was new on its night; the confirmed step is ongoing
+    assert {n: kinds for n, kinds in new.items() if kinds} == {8: ["performance"]}
 
 
 def test_explicit_baseline_and_unknown_runs(store: sessionmaker[Session]) -> None:
@@ -216,3 +220,19 @@ def test_seed_demo_clones_the_latest_run(db: str) -> None:
     assert ("performance", *seeded.regression) in kinds
     assert ("status", seeded.pi_subject, seeded.pi_stage) in kinds
     assert cell.comparison is not None and len(cell.comparison.regressions) == 1  # nothing else moved
+
+
+def test_gradual_drift_that_pairwise_misses_is_a_new_history_regression() -> None:
+    # +3% a night for three nights: every night stays inside the 5% pairwise band; the level moved ~9%
+    ramp = tuple(SeededRegression("torch-2.11", "pyhpc_eos", "grace", 1.03, night) for night in (10, 11, 12))
+    factory = open_store("sqlite://")
+    with factory.begin() as session:
+        seed_history(session, SyntheticSpec(nights=20, night_noise=0.005, regressions=ramp))
+    alerts = []
+    with factory() as session:
+        for night in range(1, 21):
+            rep = report.detect(session, TH, run_spec=f"synthetic-nightly-2026-01-{night:02d}")
+            alerts += [(night, r.kind.value, r.new) for r in rep.regressions if r.key.workload == "pyhpc_eos"]
+    kinds = {kind for _, kind, _ in alerts}
+    assert kinds == {"history"}, alerts
+    assert [(kind, new) for _, kind, new in alerts] == [("history", True)]

@@ -10,7 +10,9 @@ matrix cell on the same GPU). ``detect`` then runs, per run:
 - status against expected (``status``), also on the baseline; a failing key that already failed in the
   baseline is ongoing, otherwise new;
 - pairwise performance against the baseline (``pairwise``); always new (it is relative to the baseline);
-- step detection over the cell key's history up to the run (``history``); new when the run confirmed it.
+- step detection over the cell key's history up to the run (``history``); new when the run confirmed it,
+  unless the jump already passed the pairwise band on the step's own night (see Note [One alert per
+  change]).
 
 Invariant: this module reads through ``loader`` only and never writes to the store.
 """
@@ -193,8 +195,15 @@ def _history_regressions(ctx: _Context, run: RunInfo, baseline: RunInfo | None) 
             if not step.slower:
                 continue
             offset = max(len(values) - ctx.thresholds.history.window, 0)
-            step_run = kept[offset + step.index][0]
+            at = offset + step.index
+            step_run = kept[at][0]
             key = ResultKey(Suite.PERFORMANCE, *perf_key)
+            # Note [One alert per change]: a jump that already passed the pairwise band on the step's own
+            # night was flagged then (pairwise, against that night's baseline); the confirmed step is then
+            # reported as ongoing, so a nightly job fails once per change, not twice.
+            band = ctx.thresholds.pairwise.ratio_for(*perf_key)
+            sudden = at > 0 and values[at] / values[at - 1] > 1.0 + band
+            seen = f"; first flagged pairwise on {step_run.started_at:%Y-%m-%d}" if sudden else ""
             found.append(
                 Regression(
                     kind=Kind.HISTORY,
@@ -202,9 +211,9 @@ def _history_regressions(ctx: _Context, run: RunInfo, baseline: RunInfo | None) 
                     run_uid=run.uid,
                     baseline_uid=baseline.uid if baseline else None,
                     key=key,
-                    new=True,
+                    new=not sudden,
                     summary=f"step x{step.ratio:.3f} ({step.before_ms:.4g} -> {step.after_ms:.4g} ms) "
-                    f"from run {step_run.short_uid}, p={step.p_value:.2g}",
+                    f"from run {step_run.short_uid}, p={step.p_value:.2g}{seen}",
                     repro=repro_command(ctx.thresholds.repro, run.cell_id, "", key),
                     step=step,
                     step_run_uid=step_run.uid,
