@@ -34,5 +34,5 @@ def test_bench_script_reports_its_figures(tmp_path: Path) -> None:
     assert figures["results"] >= 3000
     assert figures["results"] == sum(v for k, v in figures["rows_by_table"].items() if k != "test_outcomes")
     assert figures["regressions"] >= 2  # the seeded PI failure and the demo's regression at least
-    assert figures["total_s"] == round(figures["build_s"] + figures["write_s"], 3)
+    assert abs(figures["total_s"] - (figures["build_s"] + figures["write_s"])) <= 0.002  # each rounded to ms
     assert (tmp_path / "site" / "index.html").is_file()
