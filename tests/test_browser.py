@@ -67,7 +67,10 @@ def _unavailable(reason: str) -> None:
 def _chromium() -> str:
     explicit = os.environ.get(CHROMIUM_ENV)
     if explicit:
-        return explicit
+        found = shutil.which(explicit)
+        if found is None:
+            _unavailable(f"{CHROMIUM_ENV}={explicit} is not an executable")
+        return str(found)
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         found = shutil.which(name)
         if found:
