@@ -263,7 +263,9 @@ def assemble(ptx: str, *, capability: int = 90, num_warps: int = 4, enable_fp_fu
     metadata: dict[str, Any] = {}
     try:
         return bytes(backend.make_cubin(ptx, metadata, options, capability))
-    except Exception as exc:  # RuntimeError up to 3.2, PTXASError (a TritonError) from 3.3; both carry the log
+    except (
+        Exception
+    ) as exc:  # RuntimeError up to 3.2, PTXASError (a TritonError) from 3.3; both carry the log
         raise ToolError(f"ptxas {ptxas_for(capability).release} rejected the PTX", str(exc)) from exc
 
 
@@ -273,7 +275,9 @@ def disassemble(cubin: bytes) -> str:
     with tempfile.TemporaryDirectory(prefix="grace-cuobjdump-") as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        done = subprocess.run([os.fspath(tool.path), "-sass", os.fspath(path)], capture_output=True, text=True)
+        done = subprocess.run(
+            [os.fspath(tool.path), "-sass", os.fspath(path)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             raise ToolError(f"cuobjdump {tool.release} exited with {done.returncode}", done.stderr)
         return done.stdout

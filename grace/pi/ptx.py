@@ -217,10 +217,11 @@ def derive_param_map(
         listed = ", ".join(n for n, _, _ in expected)
         raise PtxRefused(
             RefusalReason.PARAM_COUNT_MISMATCH,
-            f"{entry.name} declares {len(entry.params)} parameters; the signature gives {len(expected)} ({listed})",
+            f"{entry.name} declares {len(entry.params)} parameters; "
+            f"the signature gives {len(expected)} ({listed})",
         )
     mapped: list[MappedParam] = []
-    for param, (name, ty, role) in zip(entry.params, expected):
+    for param, (name, ty, role) in zip(entry.params, expected, strict=True):
         _check_declaration(entry, param, name, ty, role)
         mapped.append(MappedParam(param.index, param.name, name, ty, role, name in divisible_by_16))
     return ParamMap(entry, tuple(mapped))
@@ -229,7 +230,8 @@ def derive_param_map(
 def _check_declaration(entry: PtxEntry, param: PtxParam, name: str, ty: str, role: ParamRole) -> None:
     def mismatch(why: str) -> PtxRefused:
         return PtxRefused(
-            RefusalReason.PARAM_TYPE_MISMATCH, f"parameter {param.index} ({name}: {ty}) is .{param.ptx_type}: {why}"
+            RefusalReason.PARAM_TYPE_MISMATCH,
+            f"parameter {param.index} ({name}: {ty}) is .{param.ptx_type}: {why}",
         )
 
     if role is ParamRole.SCALAR:
@@ -260,14 +262,18 @@ class RewriteResult:
 
 def _ld_param(name: str) -> re.Pattern[str]:
     return re.compile(
-        r"^(?P<indent>\s*)ld\.param\.(?:u64|b64)\s+(?P<reg>%[\w$]+)\s*,\s*\[\s*" + re.escape(name) + r"\s*\]\s*;"
+        r"^(?P<indent>\s*)ld\.param\.(?:u64|b64)\s+(?P<reg>%[\w$]+)\s*,\s*\[\s*"
+        + re.escape(name)
+        + r"\s*\]\s*;"
         r"\s*(?://.*)?$"
     )
 
 
 def _entry_body_lines(lines: Sequence[str], entry: str) -> tuple[int, int]:
     """Line range ``[start, end)`` of the entry's body, from the header to its closing brace."""
-    header = next((i for i, line in enumerate(lines) if re.search(rf"\.entry\s+{re.escape(entry)}\b", line)), None)
+    header = next(
+        (i for i, line in enumerate(lines) if re.search(rf"\.entry\s+{re.escape(entry)}\b", line)), None
+    )
     if header is None:
         raise PtxRefused(RefusalReason.NO_ENTRY, f"entry {entry} not found")
     depth = 0
@@ -288,7 +294,9 @@ def _entry_body_lines(lines: Sequence[str], entry: str) -> tuple[int, int]:
 def rewrite_pointer_params(ptx: str, param_map: ParamMap, indices: Iterable[int]) -> RewriteResult:
     """Make the pointer parameters at ``indices`` point-to-pointer; refuse anything unknown."""
     if MARKER in ptx:
-        raise PtxRefused(RefusalReason.ALREADY_REWRITTEN, "the PTX already carries the parameter indirection marker")
+        raise PtxRefused(
+            RefusalReason.ALREADY_REWRITTEN, "the PTX already carries the parameter indirection marker"
+        )
     entry = parse_entry(ptx)
     if entry != param_map.entry:
         raise PtxRefused(RefusalReason.PARAM_COUNT_MISMATCH, "the parameter map was derived from other PTX")
@@ -300,7 +308,8 @@ def rewrite_pointer_params(ptx: str, param_map: ParamMap, indices: Iterable[int]
         if by_index[index].role is not ParamRole.POINTER:
             mapped = by_index[index]
             raise PtxRefused(
-                RefusalReason.NOT_A_POINTER, f"parameter {index} ({mapped.arg}: {mapped.arg_type}) is {mapped.role.value}"
+                RefusalReason.NOT_A_POINTER,
+                f"parameter {index} ({mapped.arg}: {mapped.arg_type}) is {mapped.role.value}",
             )
     lines = ptx.split("\n")
     start, end = _entry_body_lines(lines, entry.name)
@@ -322,7 +331,8 @@ def rewrite_pointer_params(ptx: str, param_map: ParamMap, indices: Iterable[int]
             match = load.match(line)
             if match is None or not (header_end < i < end):
                 raise PtxRefused(
-                    RefusalReason.UNKNOWN_PARAM_USE, f"parameter {index} ({param.name}) used at line {i + 1}: {line.strip()!r}"
+                    RefusalReason.UNKNOWN_PARAM_USE,
+                    f"parameter {index} ({param.name}) used at line {i + 1}: {line.strip()!r}",
                 )
             reg = match["reg"]
             inserts[i] = f"{match['indent']}ld.global.u64 \t{reg}, [{reg}]; {MARKER}"

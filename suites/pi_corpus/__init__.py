@@ -133,7 +133,9 @@ def _handwritten() -> list[CorpusKernel]:
     ]
 
 
-_IMPORT_LINE = re.compile(r"^(from torch\.\S+ import .*|import torch.*|triton_helpers\.set_driver_to_\w+\(\))$")
+_IMPORT_LINE = re.compile(
+    r"^(from torch\.\S+ import .*|import torch.*|triton_helpers\.set_driver_to_\w+\(\))$"
+)
 _SHIM_IMPORT = (
     "from suites.pi_corpus.inductor_shim import (  # noqa: F401\n"
     "    AutotuneHint, DeviceProperties, ReductionHint, TileHint, libdevice, tl_math, triton_helpers,\n"
@@ -202,10 +204,14 @@ def _inductor() -> list[CorpusKernel]:
         names = list(signature)
         constants = dict(triton_meta.get("constants", {}))
         equal_to_1 = tuple(n for n, v in constants.items() if v == 1 and signature.get(n) != "constexpr")
-        constexprs = {n: constants.get(n, kind["constexprs"].get(n)) for n, t in signature.items() if t == "constexpr"}
+        constexprs = {
+            n: constants.get(n, kind["constexprs"].get(n)) for n, t in signature.items() if t == "constexpr"
+        }
         missing = [n for n, v in constexprs.items() if v is None]
         if missing:
-            raise ValueError(f"{path.name}: no value for constexpr {missing} in configs.toml [{meta['kind']}]")
+            raise ValueError(
+                f"{path.name}: no value for constexpr {missing} in configs.toml [{meta['kind']}]"
+            )
         kernels.append(
             CorpusKernel(
                 subject=f"inductor/{fn.__name__}",
@@ -213,7 +219,9 @@ def _inductor() -> list[CorpusKernel]:
                 fn=fn,
                 signature=signature,
                 constexprs=constexprs,
-                divisible_by_16=tuple(names[i] for i in sorted(_divisible_indices(triton_meta.get("configs")))),
+                divisible_by_16=tuple(
+                    names[i] for i in sorted(_divisible_indices(triton_meta.get("configs")))
+                ),
                 equal_to_1=equal_to_1,
                 num_warps=int(kind["num_warps"]),
                 num_stages=int(kind["num_stages"]),
@@ -226,4 +234,3 @@ def _inductor() -> list[CorpusKernel]:
 def corpus() -> list[CorpusKernel]:
     """Every kernel of the corpus, hand-written first. Imports Triton."""
     return [*_handwritten(), *_inductor()]
-

@@ -44,8 +44,18 @@ def pi_gather(src_ptr, idx_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignor
 
 @triton.jit
 def pi_matmul(  # type: ignore[no-untyped-def]
-    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bk,
+    stride_cm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -41,7 +41,7 @@ class AutotuneHint(enum.Enum):
     ONE_ELEMENT_PER_THREAD = 0
 
 
-def DeviceProperties(**fields: Any) -> dict[str, Any]:  # noqa: N802 - mirrors the name in sources
+def DeviceProperties(**fields: Any) -> dict[str, Any]:
     return dict(fields)
 
 
