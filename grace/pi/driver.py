@@ -1,0 +1,210 @@
+"""The driver calls parameter indirection makes, on top of ``grace.compat.cuda`` (cuda-bindings).
+
+Problem: PI loads rewritten cubins, swaps the function of captured kernel nodes, rewrites their pointer
+parameters, allocates its pointer table and (for the torch-free stage suite) launches and captures
+kernels itself. Every call must check its result code; handles are plain ints everywhere else.
+
+Design: thin functions over ``grace.compat.cuda.driver()`` and its ``check``; nothing here knows torch.
+Kernel parameters are passed as raw little-endian bytes per parameter, which is what the driver copies.
+Node parameters are edited in place: ``cuGraphKernelNodeGetParams`` hands back the node's own parameter
+array, the new bytes are written where it points, and ``cuGraphKernelNodeSetParams`` makes the driver
+copy them (this avoids building a parameter array through the bindings' marshalling, which differs
+between cuda-bindings releases).
+
+Invariant: the caller keeps every ``ParamBuffer`` alive until the launch or ``SetParams`` that uses it
+has returned (the driver copies parameter values at that point).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_MAX_DEFAULT_SHARED = 48 * 1024
+
+
+def _cuda() -> Any:
+    from grace.compat import cuda as cuda_compat
+
+    return cuda_compat
+
+
+def _drv() -> Any:
+    drv = _cuda().driver()
+    if drv is None:
+        raise RuntimeError(f"cuda-bindings unavailable: {_cuda().import_error()}")
+    return drv
+
+
+def check(name: str, result: Any) -> Any:
+    return _cuda().check(name, result)
+
+
+@functools.cache
+def device_count() -> int:
+    """Number of CUDA devices, 0 when there is no driver, no bindings or no device."""
+    try:
+        drv = _drv()
+        check("cuInit", drv.cuInit(0))
+        return int(check("cuDeviceGetCount", drv.cuDeviceGetCount()))
+    except Exception:
+        return 0
+
+
+def ensure_context(device: int = 0) -> int:
+    """Make the device's primary context current (the one torch and Triton use); returns it."""
+    drv = _drv()
+    check("cuInit", drv.cuInit(0))
+    dev = check("cuDeviceGet", drv.cuDeviceGet(device))
+    ctx = check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+    check("cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+    return int(ctx)
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    module: int
+    function: int
+
+
+def load_kernel(image: bytes, name: str, shared: int = 0) -> LoadedKernel:
+    """``cuModuleLoadData`` of a cubin (or PTX) and its function ``name``, opted into ``shared`` bytes."""
+    drv = _drv()
+    buffer = ctypes.create_string_buffer(image, len(image) + 1)
+    module = check("cuModuleLoadData", drv.cuModuleLoadData(ctypes.addressof(buffer)))
+    function = check("cuModuleGetFunction", drv.cuModuleGetFunction(module, name.encode()))
+    if shared > _MAX_DEFAULT_SHARED:
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check("cuFuncSetAttribute", drv.cuFuncSetAttribute(function, attr, shared))
+    return LoadedKernel(int(module), int(function))
+
+
+def unload_module(module: int) -> None:
+    drv = _drv()
+    check("cuModuleUnload", drv.cuModuleUnload(drv.CUmodule(module)))
+
+
+def mem_alloc(nbytes: int) -> int:
+    drv = _drv()
+    return int(check("cuMemAlloc", drv.cuMemAlloc(max(nbytes, 1))))
+
+
+def mem_free(ptr: int) -> None:
+    drv = _drv()
+    check("cuMemFree", drv.cuMemFree(drv.CUdeviceptr(ptr)))
+
+
+def copy_to_device(dst: int, data: bytes) -> None:
+    drv = _drv()
+    buffer = ctypes.create_string_buffer(data, len(data))
+    check("cuMemcpyHtoD", drv.cuMemcpyHtoD(drv.CUdeviceptr(dst), ctypes.addressof(buffer), len(data)))
+
+
+def copy_from_device(src: int, nbytes: int) -> bytes:
+    drv = _drv()
+    buffer = ctypes.create_string_buffer(nbytes)
+    check("cuMemcpyDtoH", drv.cuMemcpyDtoH(ctypes.addressof(buffer), drv.CUdeviceptr(src), nbytes))
+    return buffer.raw
+
+
+class ParamBuffer:
+    """A ``void*[]`` kernel parameter array over per-parameter byte buffers (kept alive here)."""
+
+    def __init__(self, values: Sequence[bytes]) -> None:
+        self._buffers = [ctypes.create_string_buffer(v, max(len(v), 1)) for v in values]
+        self._array = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(b) for b in self._buffers])
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self._array)
+
+
+def launch(
+    function: int,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared: int,
+    params: ParamBuffer,
+    stream: int = 0,
+) -> None:
+    drv = _drv()
+    check(
+        "cuLaunchKernel",
+        drv.cuLaunchKernel(
+            drv.CUfunction(function), *grid, *block, shared, drv.CUstream(stream), params.address, 0
+        ),
+    )
+
+
+def synchronize() -> None:
+    drv = _drv()
+    check("cuCtxSynchronize", drv.cuCtxSynchronize())
+
+
+def new_stream() -> int:
+    drv = _drv()
+    flags = drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+    return int(check("cuStreamCreate", drv.cuStreamCreate(flags)))
+
+
+def capture_launch(
+    function: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, params: ParamBuffer
+) -> int:
+    """A ``CUgraph`` with one kernel node, captured from a launch on a fresh stream."""
+    drv = _drv()
+    stream = new_stream()
+    mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    check("cuStreamBeginCapture", drv.cuStreamBeginCapture(drv.CUstream(stream), mode))
+    try:
+        launch(function, grid, block, shared, params, stream)
+    finally:
+        graph = check("cuStreamEndCapture", drv.cuStreamEndCapture(drv.CUstream(stream)))
+    check("cuStreamDestroy", drv.cuStreamDestroy(drv.CUstream(stream)))
+    return int(graph)
+
+
+def instantiate(graph: int) -> int:
+    drv = _drv()
+    return int(check("cuGraphInstantiateWithFlags", drv.cuGraphInstantiateWithFlags(drv.CUgraph(graph), 0)))
+
+
+def graph_launch(graph_exec: int, stream: int = 0) -> None:
+    drv = _drv()
+    check("cuGraphLaunch", drv.cuGraphLaunch(drv.CUgraphExec(graph_exec), drv.CUstream(stream)))
+
+
+def graph_destroy(graph: int, graph_exec: int | None = None) -> None:
+    drv = _drv()
+    if graph_exec:
+        check("cuGraphExecDestroy", drv.cuGraphExecDestroy(drv.CUgraphExec(graph_exec)))
+    check("cuGraphDestroy", drv.cuGraphDestroy(drv.CUgraph(graph)))
+
+
+def graph_nodes(graph: int) -> list[int]:
+    return [int(n) for n in _cuda().graph_nodes(graph)]
+
+
+def patch_kernel_node(node: int, function: int, new_params: dict[int, bytes]) -> None:
+    """Make ``node`` launch ``function`` with parameter ``i`` replaced by ``new_params[i]``.
+
+    Grid, block, shared memory and every other parameter stay as captured. The new bytes must have the
+    parameter's size (8 for a pointer).
+    """
+    drv = _drv()
+    handle = drv.CUgraphNode(node)
+    params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(handle))
+    array = int(params.kernelParams or 0)
+    if new_params and not array:
+        raise RuntimeError("kernel node passes its arguments through `extra`; its parameters cannot be patched")
+    for index, value in new_params.items():
+        slot = ctypes.c_void_p.from_address(array + index * ctypes.sizeof(ctypes.c_void_p)).value
+        if not slot:
+            raise RuntimeError(f"kernel node has no parameter {index}")
+        ctypes.memmove(slot, value, len(value))
+    params.func = drv.CUfunction(function)
+    if hasattr(params, "kern"):
+        params.kern = drv.CUkernel(0)
+    check("cuGraphKernelNodeSetParams", drv.cuGraphKernelNodeSetParams(handle, params))
