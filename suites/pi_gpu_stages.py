@@ -85,7 +85,9 @@ def run_gpu_stages(kernel: CorpusKernel, art: CpuArtifacts, *, cpu_ok: bool) -> 
     outcomes.append(StageOutcome(PIStage.LOAD, StageStatus.PASS, "original and rewritten cubins loaded"))
     recipe = _recipes().get(kernel.subject)
     if recipe is None:
-        outcomes += [StageOutcome(s, StageStatus.SKIP, "no launch recipe in launch.toml") for s in GPU_STAGES[1:]]
+        outcomes += [
+            StageOutcome(s, StageStatus.SKIP, "no launch recipe in launch.toml") for s in GPU_STAGES[1:]
+        ]
         return outcomes
     try:
         outcomes += _patch_and_compare(kernel, art, recipe, original.function, rewritten.function)
@@ -171,7 +173,9 @@ def _patch_and_compare(
         nodes = driver.graph_nodes(graph)
         if len(nodes) != 1:
             return [
-                StageOutcome(PIStage.PATCH, StageStatus.FAIL, f"captured graph has {len(nodes)} nodes, expected 1"),
+                StageOutcome(
+                    PIStage.PATCH, StageStatus.FAIL, f"captured graph has {len(nodes)} nodes, expected 1"
+                ),
                 StageOutcome(PIStage.NUMERIC, StageStatus.SKIP, "patch failed"),
             ]
         slots = {p.index: struct.pack("<Q", table + 8 * k) for k, p in enumerate(pointer_args)}

@@ -77,7 +77,9 @@ def run_cpu_stages(kernel: CorpusKernel, capability: int = 90) -> tuple[list[Sta
             scratch=triton_compat.scratch_parameters(),
         )
     except ptx.PtxRefused as exc:
-        outcomes.append(StageOutcome(PIStage.LOCATE, StageStatus.FAIL, str(exc), {"reason": exc.reason.value}))
+        outcomes.append(
+            StageOutcome(PIStage.LOCATE, StageStatus.FAIL, str(exc), {"reason": exc.reason.value})
+        )
         _skip_rest(outcomes, CPU_STAGES, "locate failed")
         return outcomes, art
     except Exception as exc:  # a compile failure of this Triton is a finding, not a crash
@@ -102,7 +104,9 @@ def run_cpu_stages(kernel: CorpusKernel, capability: int = 90) -> tuple[list[Sta
     try:
         art.rewritten = ptx.rewrite_pointer_params(art.compiled.ptx, pmap, pmap.pointer_indices())
     except ptx.PtxRefused as exc:
-        outcomes.append(StageOutcome(PIStage.REWRITE, StageStatus.FAIL, str(exc), {"reason": exc.reason.value}))
+        outcomes.append(
+            StageOutcome(PIStage.REWRITE, StageStatus.FAIL, str(exc), {"reason": exc.reason.value})
+        )
         _skip_rest(outcomes, CPU_STAGES, "rewrite refused")
         return outcomes, art
     loads = art.rewritten.loads_inserted
@@ -123,7 +127,9 @@ def run_cpu_stages(kernel: CorpusKernel, capability: int = 90) -> tuple[list[Sta
         after = sass.count_64bit_global_loads(triton_compat.disassemble(art.cubin))
     except triton_compat.ToolError as exc:
         outcomes.append(
-            StageOutcome(PIStage.ASSEMBLE, StageStatus.FAIL, str(exc).splitlines()[0], {"log": exc.log[-2000:]})
+            StageOutcome(
+                PIStage.ASSEMBLE, StageStatus.FAIL, str(exc).splitlines()[0], {"log": exc.log[-2000:]}
+            )
         )
         return outcomes, art
     details = {

@@ -198,7 +198,9 @@ def patch_kernel_node(node: int, function: int, new_params: dict[int, bytes]) ->
     params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(handle))
     array = int(params.kernelParams or 0)
     if new_params and not array:
-        raise RuntimeError("kernel node passes its arguments through `extra`; its parameters cannot be patched")
+        raise RuntimeError(
+            "kernel node passes its arguments through `extra`; its parameters cannot be patched"
+        )
     for index, value in new_params.items():
         slot = ctypes.c_void_p.from_address(array + index * ctypes.sizeof(ctypes.c_void_p)).value
         if not slot:
@@ -208,3 +210,105 @@ def patch_kernel_node(node: int, function: int, new_params: dict[int, bytes]) ->
     if hasattr(params, "kern"):
         params.kern = drv.CUkernel(0)
     check("cuGraphKernelNodeSetParams", drv.cuGraphKernelNodeSetParams(handle, params))
+
+
+# --- graph nodes PI reads or adds ------------------------------------------------------------------
+
+
+def node_type(node: int) -> str:
+    return str(_cuda().node_type(node))
+
+
+def copy_node_ranges(node: int, kind: str) -> tuple[tuple[int, int], ...]:
+    """Device byte ranges a memcpy or memset node touches (generously: whole pitched extents)."""
+    drv = _drv()
+    handle = drv.CUgraphNode(node)
+    ranges = []
+    if kind == "memset":
+        p = check("cuGraphMemsetNodeGetParams", drv.cuGraphMemsetNodeGetParams(handle))
+        start = int(p.dst)
+        rows = max(int(p.height), 1)
+        span = int(p.pitch) * (rows - 1) + int(p.width) * int(p.elementSize)
+        ranges.append((start, start + span))
+        return tuple(ranges)
+    p = check("cuGraphMemcpyNodeGetParams", drv.cuGraphMemcpyNodeGetParams(handle))
+    rows = max(int(p.Height), 1) * max(int(p.Depth), 1)
+    for side in ("src", "dst"):
+        base = int(getattr(p, f"{side}Device") or 0)
+        if not base:
+            continue  # host memory or an array: not a device placeholder
+        pitch = int(getattr(p, f"{side}Pitch") or 0) or int(p.WidthInBytes)
+        start = base + int(getattr(p, f"{side}XInBytes") or 0) + pitch * int(getattr(p, f"{side}Y") or 0)
+        ranges.append((start, start + pitch * (rows - 1) + int(p.WidthInBytes)))
+    return tuple(ranges)
+
+
+def _attribute_ids(drv: Any) -> tuple[Any, Any]:
+    """The device-updatable attribute id and a fresh attribute value, across bindings releases."""
+    for enum_name, member, value_name in (
+        (
+            "CUkernelNodeAttrID",
+            "CU_KERNEL_NODE_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE",
+            "CUkernelNodeAttrValue",
+        ),
+        ("CUlaunchAttributeID", "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", "CUlaunchAttributeValue"),
+    ):
+        enum_type = getattr(drv, enum_name, None)
+        if enum_type is not None and hasattr(enum_type, member) and hasattr(drv, value_name):
+            return getattr(enum_type, member), getattr(drv, value_name)
+    raise RuntimeError("these cuda-bindings have no device-updatable kernel node attribute (CUDA >= 12.4)")
+
+
+def make_device_updatable(node: int) -> int:
+    """Mark a kernel node device-updatable and return its device-side handle (``CUgraphDeviceNode``)."""
+    drv = _drv()
+    attr, value_type = _attribute_ids(drv)
+    value = value_type()
+    value.deviceUpdatableKernelNode.deviceUpdatable = 1
+    handle = drv.CUgraphNode(node)
+    check("cuGraphKernelNodeSetAttribute", drv.cuGraphKernelNodeSetAttribute(handle, attr, value))
+    got = check("cuGraphKernelNodeGetAttribute", drv.cuGraphKernelNodeGetAttribute(handle, attr))
+    dev_node = int(got.deviceUpdatableKernelNode.devNode)
+    if not dev_node:
+        raise RuntimeError("the driver returned no device node handle for a device-updatable kernel node")
+    return dev_node
+
+
+def add_kernel_node(
+    graph: int,
+    template_node: int,
+    function: int,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    params: ParamBuffer,
+) -> int:
+    """Add a root kernel node launching ``function`` (its parameter struct copied from a captured node)."""
+    drv = _drv()
+    p = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(template_node)))
+    p.func = drv.CUfunction(function)
+    if hasattr(p, "kern"):
+        p.kern = drv.CUkernel(0)
+    if hasattr(p, "ctx"):
+        p.ctx = drv.CUcontext(0)
+    p.gridDimX, p.gridDimY, p.gridDimZ = grid
+    p.blockDimX, p.blockDimY, p.blockDimZ = block
+    p.sharedMemBytes = 0
+    p.kernelParams = params.address
+    p.extra = 0
+    node = check("cuGraphAddKernelNode", drv.cuGraphAddKernelNode(drv.CUgraph(graph), None, 0, p))
+    return int(node)
+
+
+def add_dependencies(graph: int, before: int, after: Sequence[int]) -> None:
+    """Edges ``before -> a`` for every ``a`` in ``after`` (the 4- and 5-argument forms of the call)."""
+    drv = _drv()
+    if not after:
+        return
+    src = [drv.CUgraphNode(before)] * len(after)
+    dst = [drv.CUgraphNode(a) for a in after]
+    g = drv.CUgraph(graph)
+    try:
+        result = drv.cuGraphAddDependencies(g, src, dst, len(after))
+    except TypeError:  # CUDA 13 bindings: (graph, from, to, edgeData, count)
+        result = drv.cuGraphAddDependencies(g, src, dst, None, len(after))
+    check("cuGraphAddDependencies", result)
