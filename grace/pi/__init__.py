@@ -14,7 +14,7 @@ from typing import Any
 
 
 def prepare(ctx: Any) -> Any:
-    """Prepare parameter indirection for the captured graph of ``ctx`` (a ``grace.capture.CaptureContext``)."""
+    """Prepare parameter indirection for the graph of ``ctx`` (a ``grace.capture.CaptureContext``)."""
     from grace.pi.plan import prepare as _prepare
 
     return _prepare(ctx)
