@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grace.pi import ptx
+from grace.pi import ptx as ptx_rewrite
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class TritonKernel:
     function: int
     name: str
     ptx: str | None
-    param_map: ptx.ParamMap | None
+    param_map: ptx_rewrite.ParamMap | None
     alignment: dict[int, int]  # PTX parameter index -> alignment the kernel assumes of its value
     num_warps: int
     shared: int
@@ -93,20 +93,20 @@ def describe(located: Any, autotuner_meta: Mapping[str, Any] | None = None) -> T
     specialised = {n for n in constants if signature.get(n) != "constexpr"} | set(located.equal_to_1)
     divisible = _divisible_args(meta, located.arg_names)
     try:
-        entry = ptx.parse_entry(located.ptx)
-        pmap = ptx.derive_param_map(
+        entry = ptx_rewrite.parse_entry(located.ptx)
+        pmap = ptx_rewrite.derive_param_map(
             entry,
             signature,
             specialised=specialised,
             divisible_by_16=divisible or (),
             scratch=triton_compat.scratch_parameters(),
         )
-    except ptx.PtxRefused as exc:
+    except ptx_rewrite.PtxRefused as exc:
         return TritonKernel(param_map=None, alignment={}, problem=str(exc), **base)
     alignment = {
         p.index: (16 if divisible is None or p.divisible_by_16 else 1)
         for p in pmap.params
-        if p.role is ptx.ParamRole.POINTER
+        if p.role is ptx_rewrite.ParamRole.POINTER
     }
     if divisible is None:
         alignment = {i: ALIGNMENT_UNKNOWN for i in alignment}
@@ -141,8 +141,8 @@ def build(kernel: TritonKernel, indices: Sequence[int], capability: int) -> Buil
     if kernel.param_map is None or kernel.ptx is None:
         raise BuildError("rewrite", kernel.problem or "kernel has no parameter map")
     try:
-        result = ptx.rewrite_pointer_params(kernel.ptx, kernel.param_map, indices)
-    except ptx.PtxRefused as exc:
+        result = ptx_rewrite.rewrite_pointer_params(kernel.ptx, kernel.param_map, indices)
+    except ptx_rewrite.PtxRefused as exc:
         raise BuildError("rewrite", str(exc)) from exc
     key = (capability, hashlib.sha256(result.ptx.encode()).hexdigest())
     with _built_lock:
