@@ -344,14 +344,53 @@ def _compiled_kernels(autotuner: Any) -> list[Any]:
 
 
 def _kernel_ptx(kernel: Any) -> tuple[str | None, str]:
+    """PTX of a compiled kernel: its ``asm`` (a Triton ``CompiledKernel``), else the Triton cache.
+
+    Inductor's static launcher (torch 2.8+) keeps neither asm nor, once loaded, its cubin path; the
+    Triton cache directory still holds ``<name>.ptx`` next to the cubin, under the kernel's hash.
+    """
     asm = getattr(kernel, "asm", None)
     if isinstance(asm, Mapping) and asm.get("ptx"):
         return str(asm["ptx"]), "asm"
-    for attr in ("cubin_path", "cubin_raw_path"):
-        path = getattr(kernel, attr, None)
-        if path and Path(str(path)).with_suffix(".ptx").exists():
-            return Path(str(path)).with_suffix(".ptx").read_text(), "cache"
+    name = getattr(kernel, "name", None) or getattr(getattr(kernel, "metadata", None), "name", None)
+    for path in _cache_candidates(kernel, name):
+        if path.is_file():
+            return path.read_text(), "cache"
     return None, ""
+
+
+def _cache_candidates(kernel: Any, name: str | None) -> list[Path]:
+    candidates: list[Path] = []
+    for attr in ("cubin_path", "_cubin_path"):
+        value = getattr(kernel, attr, None)
+        if value:
+            candidates.append(Path(str(value)).with_suffix(".ptx"))
+    digest = getattr(kernel, "hash", None)
+    if not digest or not name:
+        return candidates
+    keys = [str(digest)]
+    try:
+        from triton.runtime.cache import _base32
+
+        keys.insert(0, _base32(str(digest)))
+    except Exception:  # releases before the base32 cache keys
+        pass
+    roots: list[Path] = []
+    if os.environ.get("TRITON_CACHE_DIR"):
+        roots.append(Path(os.environ["TRITON_CACHE_DIR"]))
+    try:  # where Inductor points Triton's cache (torch 2.8+)
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+        device = getattr(kernel, "device", None)
+        for index in dict.fromkeys([device if isinstance(device, int) else 0, 0]):
+            roots.append(Path(triton_cache_dir(index)))
+    except Exception:
+        pass
+    roots.append(Path.home() / ".triton" / "cache")
+    for root in dict.fromkeys(roots):
+        for key in keys:
+            candidates.append(root / key / f"{name}.ptx")
+    return candidates
 
 
 def _function_handle(kernel: Any) -> int:
