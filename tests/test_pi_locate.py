@@ -23,9 +23,9 @@ class CachingAutotuner:  # the name is what locate_inductor_kernels recognises
 
 def _compiled() -> Any:
     import triton
+    from triton.backends.compiler import GPUTarget
 
     from grace.compat._triton_probe import grace_scratch_probe
-    from triton.backends.compiler import GPUTarget
 
     sig = {"x_ptr": "*fp32"}
     version = triton_compat.triton_version()
