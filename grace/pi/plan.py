@@ -97,21 +97,20 @@ class PiPlan:
         return len(self._slots)
 
     def update(self, inputs: Sequence[Any]) -> bool:
-        import torch
-
         uncovered = set(self._static_uncovered)
+        addresses: dict[int, int] = {}
         for index in self._dynamic:
             if index in uncovered or index not in self._slots_of:
                 continue
-            t = inputs[index]
-            if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            base = device_address(inputs[index])
+            if base is None:
                 return self._all_placeholders()
-            base = t.data_ptr()
+            addresses[index] = base
             if any((base + s.delta) % s.alignment for s in self._slots_of[index]):
                 uncovered.add(index)
                 self.alignment_fallbacks += 1
         values = [
-            (self._placeholders[s.index] if s.index in uncovered else inputs[s.index].data_ptr()) + s.delta
+            (self._placeholders[s.index] if s.index in uncovered else addresses[s.index]) + s.delta
             for s in self._slots
         ]
         self._table.write(values)
@@ -126,6 +125,15 @@ class PiPlan:
     def release(self) -> None:
         """Drop the table and vendor buffers (rewritten modules stay cached for other graphs)."""
         self._keep_alive.clear()
+
+
+def device_address(value: Any) -> int | None:
+    """``data_ptr()`` of a CUDA tensor; None for anything else (the plan then copies every input)."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_cuda:
+        return int(value.data_ptr())
+    return None
 
 
 def _input_ranges(placeholders: dict[int, Any]) -> list[InputRange]:

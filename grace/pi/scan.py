@@ -62,17 +62,27 @@ class Use:
 
 
 class ParamLike(Protocol):
-    index: int
-    offset: int
-    size: int
-    raw: bytes
+    @property
+    def index(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def raw(self) -> bytes: ...
 
 
 class KernelNodeLike(Protocol):
-    node: int
-    function: int
-    params: tuple[ParamLike, ...]
-    extra: bytes | None
+    """What the scan reads of a kernel node (``grace.cudagraph.KernelNode`` has it)."""
+
+    @property
+    def node(self) -> int: ...
+    @property
+    def function(self) -> int: ...
+    @property
+    def params(self) -> Sequence[ParamLike]: ...
+    @property
+    def extra(self) -> bytes | None: ...
 
 
 @dataclass(frozen=True)
