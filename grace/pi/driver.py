@@ -276,26 +276,27 @@ def make_device_updatable(node: int) -> int:
 
 def add_kernel_node(
     graph: int,
-    template_node: int,
     function: int,
     grid: tuple[int, int, int],
     block: tuple[int, int, int],
     params: ParamBuffer,
 ) -> int:
-    """Add a root kernel node launching ``function`` (its parameter struct copied from a captured node)."""
+    """Add a root kernel node launching ``function`` with ``params`` to ``graph``.
+
+    The launch is captured into a scratch graph first and its node's parameter struct (whose argument
+    array the driver owns) is handed to ``cuGraphAddKernelNode``, which copies the arguments: no
+    parameter array is marshalled through the bindings' struct setters.
+    """
     drv = _drv()
-    p = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(template_node)))
-    p.func = drv.CUfunction(function)
-    if hasattr(p, "kern"):
-        p.kern = drv.CUkernel(0)
-    if hasattr(p, "ctx"):
-        p.ctx = drv.CUcontext(0)
-    p.gridDimX, p.gridDimY, p.gridDimZ = grid
-    p.blockDimX, p.blockDimY, p.blockDimZ = block
-    p.sharedMemBytes = 0
-    p.kernelParams = params.address
-    p.extra = 0
-    node = check("cuGraphAddKernelNode", drv.cuGraphAddKernelNode(drv.CUgraph(graph), None, 0, p))
+    scratch = capture_launch(function, grid, block, 0, params)
+    try:
+        nodes = graph_nodes(scratch)
+        if len(nodes) != 1:
+            raise RuntimeError(f"capturing one launch gave {len(nodes)} nodes")
+        p = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(nodes[0])))
+        node = check("cuGraphAddKernelNode", drv.cuGraphAddKernelNode(drv.CUgraph(graph), None, 0, p))
+    finally:
+        graph_destroy(scratch)
     return int(node)
 
 

@@ -195,9 +195,8 @@ def install(
             struct.pack("<Q", status.data_ptr()),
         ]
     )
-    template = next(iter(handles))
     try:
-        prelude = driver.add_kernel_node(graph, template, function, (1, 1, 1), (1, 1, 1), params)
+        prelude = driver.add_kernel_node(graph, function, (1, 1, 1), (1, 1, 1), params)
         driver.add_dependencies(graph, prelude, sorted(handles))
     except Exception as exc:
         raise VendorError("vendor_update", f"adding the prelude node: {type(exc).__name__}: {exc}") from exc
