@@ -168,7 +168,11 @@ def capture_launch(
 
 def instantiate(graph: int) -> int:
     drv = _drv()
-    return int(check("cuGraphInstantiateWithFlags", drv.cuGraphInstantiateWithFlags(drv.CUgraph(graph), 0)))
+    if hasattr(drv, "cuGraphInstantiateWithFlags"):  # CUDA 12 bindings
+        return int(
+            check("cuGraphInstantiateWithFlags", drv.cuGraphInstantiateWithFlags(drv.CUgraph(graph), 0))
+        )
+    return int(check("cuGraphInstantiate", drv.cuGraphInstantiate(drv.CUgraph(graph), 0)))  # CUDA 13: flags
 
 
 def graph_launch(graph_exec: int, stream: int = 0) -> None:

@@ -27,6 +27,7 @@ import ctypes
 import functools
 import importlib
 import logging
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,35 +36,22 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 PRELUDE_NAME = "grace_pi_prelude"
-# The device-runtime declarations the prelude needs (layout of cudaGraphKernelNodeUpdate, CUDA 12.4+):
-# node at 0, field (enum) at 8, the parameter update {pValue, offset, size} at 16; 40 bytes in all.
+# NVRTC declares the device runtime (cudaGraphKernelNodeUpdate, cudaGraphKernelNodeUpdatesApply, CUDA
+# 12.4+); the update struct is 40 bytes: node at 0, field at 8, {pValue, offset, size} at 16.
 PRELUDE_SOURCE = r"""
-typedef int grace_cuda_error_t;
-struct grace_kernel_node_update {
-    void* node;
-    unsigned int field;
-    union {
-        struct { unsigned int x, y, z; } grid;
-        struct { const void* value; unsigned long long offset; unsigned long long size; } param;
-        unsigned int enabled;
-    } data;
-};
-extern "C" __device__ grace_cuda_error_t cudaGraphKernelNodeUpdatesApply(
-    const grace_kernel_node_update* updates, unsigned long long count);
-
 struct grace_update_spec { unsigned long long node; unsigned long long offset; unsigned long long slot; };
 
 extern "C" __global__ void grace_pi_prelude(
     const grace_update_spec* specs, unsigned int count, const unsigned long long* table,
-    grace_kernel_node_update* scratch, int* status)
+    cudaGraphKernelNodeUpdate* scratch, int* status)
 {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     for (unsigned int i = 0; i < count; ++i) {
-        scratch[i].node = (void*)specs[i].node;
-        scratch[i].field = 2;  /* cudaGraphKernelNodeFieldParam */
-        scratch[i].data.param.value = &table[specs[i].slot];
-        scratch[i].data.param.offset = specs[i].offset;
-        scratch[i].data.param.size = 8;
+        scratch[i].node = (cudaGraphDeviceNode_t)specs[i].node;
+        scratch[i].field = cudaGraphKernelNodeFieldParam;
+        scratch[i].updateData.param.pValue = &table[specs[i].slot];
+        scratch[i].updateData.param.offset = specs[i].offset;
+        scratch[i].updateData.param.size = 8;
     }
     *status = (int)cudaGraphKernelNodeUpdatesApply(scratch, count);
 }
@@ -122,6 +110,32 @@ def compile_prelude(capability: int) -> bytes:
 _prelude_functions: dict[int, int] = {}
 
 
+# Newest PTX ISA each CUDA driver release reads (CUDA's PTX release notes): an NVRTC newer than the
+# driver emits a .version the driver rejects; the prelude uses nothing newer than 8.4.
+_PTX_ISA_OF_DRIVER = (
+    (13020, "9.2"),
+    (13010, "9.1"),
+    (13000, "9.0"),
+    (12090, "8.8"),
+    (12080, "8.7"),
+    (12060, "8.5"),
+    (12050, "8.5"),
+    (12040, "8.4"),
+)
+
+
+def _lower_ptx_version(ptx: bytes) -> bytes | None:
+    from grace.compat import cuda as cuda_compat
+
+    version = cuda_compat.driver_version()
+    isa = next((v for release, v in _PTX_ISA_OF_DRIVER if version is not None and version >= release), None)
+    if isa is None:
+        return None
+    text = ptx.decode()
+    lowered = re.sub(r"^\.version\s+\d+\.\d+", f".version {isa}", text, count=1, flags=re.MULTILINE)
+    return lowered.encode() if lowered != text else None
+
+
 def prelude_function(capability: int) -> int:
     """The loaded prelude ``CUfunction`` (compiled and loaded once per process and capability)."""
     from grace.pi import driver
@@ -131,7 +145,18 @@ def prelude_function(capability: int) -> int:
         try:
             loaded = driver.load_kernel(ptx, PRELUDE_NAME)
         except Exception as exc:
-            raise VendorError("vendor_update", f"loading the prelude: {type(exc).__name__}: {exc}") from exc
+            lowered = _lower_ptx_version(ptx)
+            if lowered is None:
+                raise VendorError(
+                    "vendor_update", f"loading the prelude: {type(exc).__name__}: {exc}"
+                ) from exc
+            try:
+                loaded = driver.load_kernel(lowered, PRELUDE_NAME)
+            except Exception as again:
+                raise VendorError(
+                    "vendor_update",
+                    f"loading the prelude: {type(exc).__name__}: {exc}; with an older .version: {again}",
+                ) from again
         _prelude_functions[capability] = loaded.function
     return _prelude_functions[capability]
 
