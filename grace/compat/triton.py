@@ -369,12 +369,13 @@ def _cache_candidates(kernel: Any, name: str | None) -> list[Path]:
     if not digest or not name:
         return candidates
     keys = [str(digest)]
-    try:
-        from triton.runtime.cache import _base32
+    for encoder in ("_base32", "_base64"):  # the cache key encodings of successive Triton releases
+        try:
+            import triton.runtime.cache as triton_cache
 
-        keys.insert(0, _base32(str(digest)))
-    except Exception:  # releases before the base32 cache keys
-        pass
+            keys.insert(0, getattr(triton_cache, encoder)(str(digest)))
+        except Exception:
+            continue
     roots: list[Path] = []
     if os.environ.get("TRITON_CACHE_DIR"):
         roots.append(Path(os.environ["TRITON_CACHE_DIR"]))
@@ -429,8 +430,8 @@ def locate_inductor_kernels(module_globals: Mapping[str, Any]) -> list[LocatedKe
                     ptx=ptx,
                     arg_names=arg_names,
                     signature=signature,
-                    shared=int(_field(meta, "shared", 0) or 0),
-                    num_warps=int(_field(meta, "num_warps", 4) or 4),
+                    shared=int(getattr(kernel, "shared", None) or _field(meta, "shared", 0) or 0),
+                    num_warps=int(getattr(kernel, "num_warps", None) or _field(meta, "num_warps", 4) or 4),
                     enable_fp_fusion=bool(_field(meta, "enable_fp_fusion", True)),
                     equal_to_1=equal_to_1,
                     ptx_source=source,
