@@ -247,19 +247,25 @@ def copy_node_ranges(node: int, kind: str) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
+_DEVICE_UPDATABLE = "DEVICE_UPDATABLE_KERNEL_NODE"
+
+
 def _attribute_ids(drv: Any) -> tuple[Any, Any]:
-    """The device-updatable attribute id and a fresh attribute value, across bindings releases."""
-    for enum_name, member, value_name in (
-        (
-            "CUkernelNodeAttrID",
-            "CU_KERNEL_NODE_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE",
-            "CUkernelNodeAttrValue",
-        ),
-        ("CUlaunchAttributeID", "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", "CUlaunchAttributeValue"),
-    ):
+    """The device-updatable attribute id and the node attribute value type, across bindings releases.
+
+    ``cuGraphKernelNodeSetAttribute`` type-checks its value (``CUkernelNodeAttrValue``; verified on an
+    H200 with cuda-bindings 13.3.1, where that is not the launch attribute value class) but takes the id
+    by value, so the id may come from ``CUkernelNodeAttrID`` or ``CUlaunchAttributeID``.
+    """
+    value_type = getattr(drv, "CUkernelNodeAttrValue", None) or getattr(drv, "CUlaunchAttributeValue", None)
+    if value_type is None:
+        raise RuntimeError("these cuda-bindings have no kernel node attribute values (CUDA >= 12.4 needed)")
+    for enum_name in ("CUkernelNodeAttrID", "CUlaunchAttributeID"):
         enum_type = getattr(drv, enum_name, None)
-        if enum_type is not None and hasattr(enum_type, member) and hasattr(drv, value_name):
-            return getattr(enum_type, member), getattr(drv, value_name)
+        for prefix in ("CU_LAUNCH_ATTRIBUTE_", "CU_KERNEL_NODE_ATTRIBUTE_"):
+            member = getattr(enum_type, prefix + _DEVICE_UPDATABLE, None) if enum_type is not None else None
+            if member is not None:
+                return member, value_type
     raise RuntimeError("these cuda-bindings have no device-updatable kernel node attribute (CUDA >= 12.4)")
 
 
