@@ -17,4 +17,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "summary",
     "regressions",
     "dashboard",
+    "pi_status",
 )
