@@ -104,6 +104,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return  # an xdist worker: its reports reach the controller, which records them
+    if config.getoption("help", False) or config.getoption("collectonly", False):
+        return  # nothing runs, so there is no run to record
     try:
         recorder = Recorder.from_config(config)
     except MatrixError as exc:
