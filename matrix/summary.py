@@ -78,7 +78,7 @@ class RunSummary:
             "records": sum(self.records.values()),
             "seconds": None if self.duration_s is None else round(self.duration_s),
             "label": self.label,
-            "message": (self.message or "")[:80] or None,
+            "message": headline(self.message),
         }
 
 
@@ -100,7 +100,7 @@ def summarize(
         stmt = stmt.where(Cell.cell_id.in_(cells))
     chosen: list[tuple[Run, Cell]] = []
     seen: set[str] = set()
-    for run, cell in session.execute(stmt).tuples():
+    for run, cell in session.execute(stmt):
         if latest_only and not uids:
             if cell.cell_id in seen:
                 continue
@@ -115,12 +115,12 @@ def summarize(
         .where(TestOutcome.run_pk.in_(pks))
         .group_by(TestOutcome.run_pk, TestOutcome.outcome)
     )
-    for run_pk, outcome, n in session.execute(counts).tuples():
+    for run_pk, outcome, n in session.execute(counts):
         outcomes[run_pk][outcome] = n
     records: dict[int, dict[str, int]] = {pk: {} for pk in pks}
     for name, model in _RECORDS.items():
         grouped = select(model.run_pk, func.count()).where(model.run_pk.in_(pks)).group_by(model.run_pk)
-        for run_pk, n in session.execute(grouped).tuples():
+        for run_pk, n in session.execute(grouped):
             records[run_pk][name] = n
     return [
         RunSummary(
@@ -142,6 +142,16 @@ def summarize(
         )
         for run, cell in chosen
     ]
+
+
+def headline(message: str | None, limit: int = 100) -> str | None:
+    """One line of a possibly long message: its first line and its first error line."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return None
+    errors = [line for line in lines[1:] if line.lower().startswith(("error", "fatal"))]
+    text = lines[0] if not errors else f"{lines[0]} {errors[0]}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _duration(run: Run) -> float | None:
