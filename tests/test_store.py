@@ -102,3 +102,18 @@ def test_in_memory_store_shares_one_database() -> None:
     Session = open_store("sqlite://")
     with Session() as s:
         assert "runs" in inspect(s.get_bind()).get_table_names()
+
+
+def test_store_built_by_an_older_create_all_is_migrated(tmp_path) -> None:
+    """A store made with the initial tables only (no ``diagnostics.effect``) is stamped 0001 and
+    upgraded, so the column appears and nothing already there is lost."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE diagnostics DROP COLUMN effect")
+    open_store(url)
+    with create_engine(url).connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("diagnostics")}
+        assert "effect" in columns
+        assert MigrationContext.configure(connection).get_current_revision() == SCHEMA_VERSION

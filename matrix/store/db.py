@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 ENV_DB = "GRACE_MATRIX_DB"
 ENV_HOME = "GRACE_MATRIX_HOME"
-SCHEMA_VERSION = "0001"
+SCHEMA_VERSION = "0002"
 """The Alembic head revision this code reads and writes."""
 
 _MIGRATIONS = "matrix:migrations"
@@ -145,8 +145,11 @@ def upgrade_to_head(engine: Engine) -> None:
         config = _alembic_config()
         config.attributes["connection"] = connection
         if current is None and _has_all_tables(connection):
-            logger.info("store has the initial tables but no revision; stamping %s", SCHEMA_VERSION)
-            command.stamp(config, "0001")
+            # Built by create_all: it holds today's columns (stamp head) or, from an older
+            # grace-matrix, the initial ones (stamp 0001 and let the migrations add the rest).
+            adopted = SCHEMA_VERSION if _has_all_columns(connection) else "0001"
+            logger.info("store has the tables but no revision; stamping %s", adopted)
+            command.stamp(config, adopted)
         logger.info("upgrading store schema from %s to %s", current, SCHEMA_VERSION)
         command.upgrade(config, "head")
 
@@ -177,6 +180,14 @@ def _check_known(url: str, revision: str | None) -> None:
 def _has_all_tables(connection: Connection) -> bool:
     present = set(inspect(connection).get_table_names())
     return set(Base.metadata.tables) <= present
+
+
+def _has_all_columns(connection: Connection) -> bool:
+    inspector = inspect(connection)
+    return all(
+        {column.name for column in table.columns} <= {c["name"] for c in inspector.get_columns(name)}
+        for name, table in Base.metadata.tables.items()
+    )
 
 
 @contextlib.contextmanager

@@ -196,6 +196,7 @@ class Diagnostic(_RunResult, Base):
     source: Mapped[str] = mapped_column(Text, default="")
     message: Mapped[str] = mapped_column(Text, default="")
     transformed: Mapped[bool] = mapped_column(default=False)
+    effect: Mapped[str] = mapped_column(String(32), default="")  # disables_graphs | splits_graph | ...
 
     run: Mapped[Run] = relationship(back_populates="diagnostics")
     workload: Mapped[Workload] = relationship()
