@@ -7,12 +7,14 @@ Triton-only cells that run only the PI stage checks.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 TIERS = ("smoke", "standard", "full")
 MODE_NAMES = ("eager", "inductor", "pt2cg", "pt2cg-nopartition", "grace", "grace-cgct", "grace-cgct-pi")
 MIN_PERF_SAMPLES = 30
+ENV_TIER = "GRACE_SUITE_TIER"  # set by the matrix runner from the cell's tier
 PERF_GROUP = "gpu-performance"  # the xdist group of every performance test (never two on one GPU)
 
 
@@ -43,9 +45,9 @@ def add_options(parser: Any) -> None:
     group.addoption(
         "--tier",
         choices=TIERS,
-        default="smoke",
-        help="workload sizes: smoke (CPU, seconds), "
-        "standard (one GPU lease), full (paper sizes); default smoke",
+        default=os.environ.get(ENV_TIER) or "smoke",
+        help="workload sizes: smoke (CPU, seconds), standard (one GPU lease), full (paper sizes); "
+        f"default ${ENV_TIER}, else smoke",
     )
     group.addoption(
         "--modes", default="all", help=f"comma list of modes or 'all' (default): {', '.join(MODE_NAMES)}"

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
+pytest.importorskip("torch", reason="the correctness suite needs torch (Triton-only cells run the PI checks)")
+
 from suites.accuracy import load_tolerances
 from suites.correctness import evaluate
 from suites.harness import prepare, resolve_device

@@ -71,6 +71,11 @@ class WorkloadUnavailable(RuntimeError):
 
     def __init__(self, package: str, cause: BaseException | str) -> None:
         detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
+        root = cause
+        while isinstance(root, BaseException) and (root.__cause__ or root.__context__) is not None:
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        if isinstance(root, BaseException) and root is not cause:
+            detail += f" (caused by {type(root).__name__}: {root})"
         super().__init__(f"cannot import {package}: {detail}")
         self.package = package
 
