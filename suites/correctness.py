@@ -191,6 +191,7 @@ def _diagnose(
     records = []
     for diagnosis in getattr(report, "diagnoses", ()) or ():
         code = getattr(diagnosis, "code", "unknown")
+        effect = getattr(diagnosis, "effect", "")
         records.append(
             DiagnosticRecord(
                 workload=ref,
@@ -200,6 +201,7 @@ def _diagnose(
                 source=str(getattr(diagnosis, "source", "") or ""),
                 message=str(getattr(diagnosis, "message", "") or ""),
                 transformed=bool(getattr(diagnosis, "transformed", False)),
+                effect=str(getattr(effect, "value", effect) or ""),
             )
         )
     return records

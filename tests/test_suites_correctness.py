@@ -177,3 +177,52 @@ def test_prepare_keeps_one_workload(toy: Callable[..., str]) -> None:
     assert harness.prepare(get("toy_one"), "smoke", CPU) is first
     second = harness.prepare(get(toy("toy_two", linear)), "smoke", CPU)
     assert second is not first and first.model is None  # the previous workload was closed
+
+
+def test_grace_modes_record_diagnoses_once_and_their_own_stats(
+    toy: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import enum
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    class Code(enum.Enum):
+        CPU_TENSOR = "cpu_tensor"
+
+    class Effect(enum.Enum):
+        SPLITS_GRAPH = "splits_graph"
+
+    @dataclass
+    class Diagnosis:
+        code: Code
+        node: str
+        source: str
+        message: str
+        transformed: bool
+        effect: Effect
+
+    slots: list[dict[str, Any]] = []
+    grace = types.ModuleType("grace")
+    grace.stats = types.SimpleNamespace(snapshot=lambda: [dict(s) for s in slots])  # type: ignore[attr-defined]
+    grace.explain = lambda model, *inputs: types.SimpleNamespace(  # type: ignore[attr-defined]
+        diagnoses=[
+            Diagnosis(Code.CPU_TENSOR, "arange", "m.py:3", "made on the CPU", True, Effect.SPLITS_GRAPH)
+        ]
+    )
+    monkeypatch.setitem(sys.modules, "grace", grace)
+
+    def compiled(model: Any) -> Callable[..., Any]:
+        slots.append({"graph_id": f"g{len(slots)}", "copy_bytes_per_replay": 48 * (len(slots) + 1)})
+        return model
+
+    fake_modes(monkeypatch, compiled)
+    name = toy("toy_grace", linear)
+    record, diagnostics = run(name, Mode.GRACE)
+    assert record.status is CorrectnessStatus.PASS
+    assert [(d.code, d.effect, d.transformed, d.mode) for d in diagnostics] == [
+        ("cpu_tensor", "splits_graph", True, "grace")
+    ]
+    assert record.details["grace_stats"] == {"g0": {"graph_id": "g0", "copy_bytes_per_replay": 48}}
+    record, diagnostics = run(name, Mode.GRACE_CGCT)
+    assert diagnostics == [] and list(record.details["grace_stats"]) == ["g1"]
