@@ -211,7 +211,9 @@ def _row(
         kernel_launches=perf.kernel_launches if perf is not None else None,
         graph_launches=perf.graph_launches if perf is not None else None,
         copy_bytes_per_replay=perf.copy_bytes_per_replay if perf is not None else None,
-        compile_s=perf.compile_s if perf is not None else _details_float(corr, "compile_s"),
+        compile_s=perf.compile_s
+        if perf is not None and perf.compile_s is not None
+        else _details_float(corr, "compile_s"),
     )
 
 
@@ -289,8 +291,17 @@ def render_text(report: Report) -> str:
         widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
         out.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
         out.extend("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in table)
+        notes = [row for row in report.rows if row.cell == cell and row.status not in ("pass", OK)]
+        if notes:
+            out.append("not passing:")
+            out.extend(f"  {row.workload} / {row.mode}: {row.status}: {_clip(row.reason)}" for row in notes)
         out.append("")
     return "\n".join(out)
+
+
+def _clip(text: str | None, limit: int = 240) -> str:
+    one_line = " ".join((text or "").split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
 def _md(text: str | None) -> str:

@@ -158,7 +158,8 @@ def test_text_and_markdown(store: Store) -> None:
         report = build_report(session)
     text = render_text(report)
     assert "cell torch-2.11: torch 2.11.0, triton 3.6.0, CUDA 13.0, NVIDIA H200" in text
-    assert "2.00x" in text and "4.0 KiB" in text and "fail_accuracy" in text
+    assert "2.00x" in text and "4.0 KiB" in text
+    assert "not passing:\n  speech / grace: fail_accuracy: max_abs=3 | <script>" in text
     markdown = render_markdown(report)
     assert "Do not edit by hand" in markdown and "| speech | standard | grace | fail_accuracy |" in markdown
     assert "max_abs=3 \\| &lt;script&gt;" in markdown  # escaped, one line

@@ -121,6 +121,7 @@ def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format="suites_post: %(levelname)s %(message)s", stream=sys.stdout
     )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     steps = (
         ("copy store", lambda: copy_store(args.db, args.out)),
         ("export", lambda: export(args.db, args.out)),
