@@ -154,8 +154,9 @@ def build_report(
     ).all()
     # (run pk, workload, tier) -> mode -> results; later rows of one key overwrite earlier ones
     found: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
-    for kind, rows in (("correctness", correctness), ("performance", performance)):
-        for result, wl in rows:
+    pairs: tuple[tuple[str, Sequence[Any]], ...] = (("correctness", correctness), ("performance", performance))
+    for kind, results in pairs:
+        for result, wl in results:
             if not _matches(wl.name, workloads):
                 continue
             found.setdefault((result.run_pk, wl.name, wl.tier), {}).setdefault(result.mode, {})[kind] = result

@@ -8,10 +8,12 @@ then moved), so reruns and the float64 reference see the same numbers on every d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+M = TypeVar("M", bound=nn.Module)
 
 WEIGHT_SEED = 20260
 INPUT_SEED = 4242
@@ -22,7 +24,7 @@ def seed_weights() -> None:
     torch.manual_seed(WEIGHT_SEED)
 
 
-def place(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+def place(model: M, device: torch.device | str, dtype: torch.dtype) -> M:
     """The model in inference mode on ``device``, floating parameters and buffers in ``dtype``."""
     return model.to(device=device, dtype=dtype).eval()
 

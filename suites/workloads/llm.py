@@ -84,6 +84,9 @@ class DecodeLayer(nn.Module):
 
 
 class DecodeStep(nn.Module):
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(
         self, vocab: int, width: int, layers: int, heads: int, kv_heads: int, hidden: int, max_len: int
     ):

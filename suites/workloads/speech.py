@@ -68,6 +68,8 @@ class Block(nn.Module):
 
 
 class SpeechTransformer(nn.Module):
+    positions: torch.Tensor
+
     def __init__(
         self, mels: int, vocab: int, width: int, heads: int, ff: int, enc: int, dec: int, max_len: int
     ):

@@ -139,6 +139,8 @@ def make_anchors(height: int, width: int, stride: int, sizes: tuple[int, ...]) -
 class AnchorBoxDecoder(nn.Module):
     """Box regression head + decoding against anchors kept on the CPU (as detection code often does)."""
 
+    anchors: torch.Tensor
+
     def __init__(self, channels: int, anchors: torch.Tensor, per_cell: int) -> None:
         super().__init__()
         self.per_cell = per_cell
