@@ -154,7 +154,10 @@ def build_report(
     ).all()
     # (run pk, workload, tier) -> mode -> results; later rows of one key overwrite earlier ones
     found: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
-    pairs: tuple[tuple[str, Sequence[Any]], ...] = (("correctness", correctness), ("performance", performance))
+    pairs: tuple[tuple[str, Sequence[Any]], ...] = (
+        ("correctness", correctness),
+        ("performance", performance),
+    )
     for kind, results in pairs:
         for result, wl in results:
             if not _matches(wl.name, workloads):

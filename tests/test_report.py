@@ -202,3 +202,19 @@ def test_register_adds_parsers() -> None:
     assert args.handler is report_command.handle and args.cell == ["torch-2.11"]
     args = parser.parse_args(["results-doc", "-o", "-"])
     assert args.handler is results_doc.handle and args.output == "-"
+
+
+def test_report_over_export_files(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matrix.transfer", reason="needs the export format of grace-matrix export")
+    from matrix.cli import main
+
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        store.results(session, run, "mlp", {"inductor": 3.0, "grace": 1.0})
+    export = tmp_path / "results.jsonl"
+    assert main(["export", "--db", store.url, "-o", str(export)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--input", str(export), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["mode"]: r["speedup_vs_inductor"] for r in rows} == {"inductor": 1.0, "grace": 3.0}
+    assert main(["report", "--input", str(tmp_path / "missing.jsonl")]) == 2

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from matrix.report import build_report, render_text
 from matrix.store.db import open_store
 
@@ -16,6 +18,33 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label", action="append", default=[], help="only runs with this label (repeatable)")
     parser.add_argument("--cell", action="append", default=[], help="only this cell id (repeatable)")
     parser.add_argument("--workload", action="append", default=[], help="only workloads matching this glob")
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="read runs from these export files (grace-matrix export, e.g. results/) instead of the store",
+    )
+
+
+def open_selected_store(args: argparse.Namespace) -> sessionmaker[Session]:
+    """The store to report on: ``--db`` (or the default store), or an in-memory store holding ``--input``."""
+    inputs = getattr(args, "input", None) or []
+    if not inputs:
+        return open_store(getattr(args, "db", None))
+    from matrix.errors import ConfigError
+    from matrix.transfer import ingest_jsonl
+
+    Session = open_store("sqlite://")
+    with Session.begin() as session:
+        for path in inputs:
+            try:
+                handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise ConfigError(f"--input {path}: cannot read: {exc.strerror}") from None
+            with handle:
+                ingest_jsonl(session, handle, path)
+    return Session
 
 
 def register(subparsers: Any) -> None:
@@ -29,7 +58,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    Session = open_store(getattr(args, "db", None))
+    Session = open_selected_store(args)
     with Session() as session:
         report = build_report(session, args.run, args.label, args.cell, args.workload)
     if getattr(args, "json", False):

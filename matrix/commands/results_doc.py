@@ -10,9 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from matrix.commands.report import add_selection
+from matrix.commands.report import add_selection, open_selected_store
 from matrix.report import build_report, render_markdown
-from matrix.store.db import open_store
 
 DEFAULT_OUTPUT = "docs/RESULTS.md"
 
@@ -30,7 +29,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    Session = open_store(getattr(args, "db", None))
+    Session = open_selected_store(args)
     with Session() as session:
         report = build_report(session, args.run, args.label, args.cell, args.workload)
     text = render_markdown(report)
