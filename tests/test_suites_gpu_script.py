@@ -55,6 +55,6 @@ def test_cpu_dry_run(tmp_path: Path) -> None:
     assert statuses[("performance", "mlp", "eager")] == "skip"
     assert statuses[("correctness", "alexnet", "eager")] in ("pass", "model_fail_to_load")
     assert (out / "report.txt").exists() and (out / "RESULTS.md").exists()
-    assert (out / "remaining.txt").read_text() == ""
+    assert (out / "remaining.txt").read_text() == "" and (out / "incomplete.txt").read_text() == ""
     assert json.loads((out / "environment.json").read_text())["torch"]
     assert "pytest exited 0" in log

@@ -3,13 +3,15 @@
 # SQLite store through the recorder, and bring back the store, its export, the report and the logs.
 #
 # usage: scripts/gpu/run_suites.sh [--part 1|2|all] [--workloads GLOBS] [--tier standard]
-#                                  [--modes all] [--samples 30] [--budget-s 420] [--hard-limit-s 540]
+#                                  [--modes all] [--samples 30] [--budget-s 390] [--hard-limit-s 510]
 #                                  [--cell current] [--label LABEL]
 #
 #   --part 1|2     the two halves of the workload list (cheap ones first in each); default: all
 #   --workloads    comma list of name globs; overrides --part (e.g. the list in a previous remaining.txt)
 #   --budget-s     no new workload starts after this many seconds of pytest (a started one finishes)
-#   --hard-limit-s pytest is interrupted (SIGINT: the recorder still closes its run) after this long
+#   --hard-limit-s pytest is interrupted (SIGINT: the recorder still closes its run) after this long;
+#                  default budget + 120. The defaults fit a 600 s call; for a 300 s call use
+#                  --budget-s 170 --hard-limit-s 250.
 #
 # Resumable: a workload is recorded completely or not at all; what did not run is listed in
 # $OUT/remaining.txt and in the log, ready for the next call's --workloads. Compile caches (Inductor,
@@ -23,7 +25,7 @@ OUT="${OUT:-$REPO/.cache/out/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_suites.log") 2>&1
 
-PART=all; WORKLOADS=""; TIER=standard; MODES=all; SAMPLES=30; BUDGET=420; HARD=""; CELL=current; LABEL=""
+PART=all; WORKLOADS=""; TIER=standard; MODES=all; SAMPLES=30; BUDGET=390; HARD=""; CELL=current; LABEL=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --part) PART="$2"; shift 2 ;;
@@ -35,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --hard-limit-s) HARD="$2"; shift 2 ;;
     --cell) CELL="$2"; shift 2 ;;
     --label) LABEL="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run_suites: unknown argument $1 (see --help)"; exit 2 ;;
   esac
 done

@@ -8,7 +8,9 @@ back whatever exists). Files written to DIR:
 - ``suites-export.jsonl``: ``grace-matrix export`` of every run in the store; where that command does
   not exist, ``suites-store-dump.jsonl`` instead (one ``{"format", "table", "row"}`` line per row).
 - ``report.txt``, ``report.json``, ``RESULTS.md``: the report over the store.
-- ``remaining.txt``: selected workloads without any record in FILE (pass them to the next call).
+- ``remaining.txt``: selected workloads without any record in FILE (pass them to the next call);
+  ``incomplete.txt``: workloads whose correctness records exist but whose performance records do not
+  (the run died or was interrupted inside them: look at the log before running them again).
 """
 
 from __future__ import annotations
@@ -92,23 +94,35 @@ def report(url: str, out: Path) -> None:
 
 
 def remaining(records: Path, patterns: str, out: Path) -> None:
+    """Workloads done (a performance record exists: that test runs last for a workload), started but
+    cut short (correctness records only: the process died or was interrupted) and not started."""
     from suites.workloads import select
 
+    started: set[str] = set()
     done: set[str] = set()
     statuses: Counter[str] = Counter()
     if records.exists():
         for line in records.read_text().splitlines():
             record = json.loads(line)["record"]
             if "workload" in record:
-                done.add(record["workload"]["name"])
+                started.add(record["workload"]["name"])
+                if record["kind"] == "performance":
+                    done.add(record["workload"]["name"])
                 statuses[f"{record['kind']}:{record.get('status', record.get('code'))}"] += 1
-    left = [wl.name for wl in select(patterns) if wl.name not in done]
+    selected = [wl.name for wl in select(patterns)]
+    left = [name for name in selected if name not in started]
+    cut = [name for name in selected if name in started and name not in done]
     (out / "remaining.txt").write_text("".join(f"{name}\n" for name in left))
+    (out / "incomplete.txt").write_text("".join(f"{name}\n" for name in cut))
     logger.info("record counts: %s", dict(sorted(statuses.items())))
+    if cut:
+        logger.warning(
+            "%d workload(s) started but not finished (crash or interrupt?): %s", len(cut), ",".join(cut)
+        )
     if left:
         logger.warning("%d workload(s) not run; resume with: --workloads '%s'", len(left), ",".join(left))
-    else:
-        logger.info("every selected workload has records")
+    if not left and not cut:
+        logger.info("every selected workload has all its records")
 
 
 def main() -> int:
