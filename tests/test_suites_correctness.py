@@ -226,3 +226,61 @@ def test_grace_modes_record_diagnoses_once_and_their_own_stats(
     assert record.details["grace_stats"] == {"g0": {"graph_id": "g0", "copy_bytes_per_replay": 48}}
     record, diagnostics = run(name, Mode.GRACE_CGCT)
     assert diagnostics == [] and list(record.details["grace_stats"]) == ["g1"]
+
+
+def test_performance_flow_with_a_stand_in_gpu(
+    toy: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """measure() on the CPU with the CUDA-only pieces replaced: statuses, medians and facts per mode."""
+    import sys
+    import types
+
+    from suites import performance
+    from suites.launches import CallFacts
+
+    slots: list[dict[str, Any]] = []
+    grace = types.ModuleType("grace")
+    grace.stats = types.SimpleNamespace(snapshot=lambda: [dict(s) for s in slots])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "grace", grace)
+
+    def compiled(model: Any) -> Callable[..., Any]:
+        slots.append({"graph_id": f"g{len(slots)}", "copy_bytes_per_replay": 16})
+        return model
+
+    def explode(*inputs: Any) -> Any:
+        raise RuntimeError("replay failed")
+
+    fake_modes(monkeypatch, compiled)
+    monkeypatch.setattr(harness, "synchronize", lambda device: None)
+    monkeypatch.setattr(harness.PreparedWorkload, "_reset_peak", lambda self: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "stand-in GPU")
+    facts = CallFacts(kernel_launches=2, graph_launches=1, kernels_in_graphs=5, busy_ms=0.25, kernel_ms=0.2,
+                      memcpy_count=0, memcpy_bytes=0, memset_count=0)  # fmt: skip
+    monkeypatch.setattr(performance, "profile_call", lambda call: (call(), facts)[1])
+
+    def fake_timing(calls: dict[str, Callable[[], Any]], samples: int) -> Any:
+        for call in calls.values():
+            call()
+        return {name: [1.0 + i for i in range(samples)] for name in calls}, {"inductor": "RuntimeError: boom"}
+
+    monkeypatch.setattr(performance, "time_interleaved", fake_timing)
+    prepared = harness.PreparedWorkload(get(toy("toy_gpu", linear)), "smoke", CPU, torch.float32)
+    prepared.load()
+    prepared.device = torch.device("cuda")
+    broken = harness.CompiledMode(Mode.PT2CG_NOPARTITION, fn=explode, inputs=prepared.inputs, compile_s=1.0)
+    prepared.compiled[Mode.PT2CG_NOPARTITION] = broken
+    modes = [Mode.EAGER, Mode.INDUCTOR, Mode.PT2CG, Mode.PT2CG_NOPARTITION, Mode.GRACE]
+    records = {r.mode: r for r in measure(prepared, modes, 5)}
+    eager, grace_record = records["eager"], records["grace"]
+    assert eager.status is PerformanceStatus.OK and eager.median_ms == 3.0 and len(eager.samples_ms) == 5
+    assert (eager.floor_ms, eager.kernel_launches, eager.kernels_in_graphs) == (0.25, 2, 5)
+    assert eager.copy_bytes_per_replay is None and eager.details["device_name"] == "stand-in GPU"
+    assert (
+        records["inductor"].status is PerformanceStatus.FAIL_TO_RUN and "boom" in records["inductor"].reason
+    )
+    assert records["pt2cg"].copy_bytes_per_replay == 0  # CPU-resident inputs are not copied into a graph
+    assert records["pt2cg-nopartition"].status is PerformanceStatus.FAIL_TO_RUN
+    assert "warm-up" in (records["pt2cg-nopartition"].reason or "")
+    assert grace_record.status is PerformanceStatus.OK and grace_record.copy_bytes_per_replay == 16
+    assert list(grace_record.details["grace_stats"]) == [f"g{len(slots) - 1}"]

@@ -13,7 +13,8 @@
 #                  default budget + 120. The defaults fit a 600 s call; for a 300 s call use
 #                  --budget-s 170 --hard-limit-s 250.
 #
-# Resumable: a workload is recorded completely or not at all; what did not run is listed in
+# Resumable: a workload is recorded completely or not at all (unless the process dies inside it: then
+# it is listed in $OUT/incomplete.txt); what did not run is listed in
 # $OUT/remaining.txt and in the log, ready for the next call's --workloads. Compile caches (Inductor,
 # Triton, grace decisions) and the store live under the repository's ignored .cache/ directory (or
 # $GRACE_SUITES_CACHE), so a later call on the same machine reuses them. Everything it writes for the
