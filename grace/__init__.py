@@ -1,8 +1,100 @@
 """GraCE as a ``torch.compile`` backend: CUDA-graph-aware code transformation (CGCT), parameter
 indirection (PI) and selective CUDA graphs (SCG).
 
-``import grace`` must stay cheap and must not import torch eagerly beyond what the public API needs;
-``grace`` never imports ``suites``, ``matrix`` or ``dashboards``.
+Use::
+
+    import grace
+    compiled = torch.compile(model, backend="grace")            # default options
+    compiled = grace.compile(model, grace.GraceOptions(pi=False))  # explicit options
+    print(grace.explain(model, *inputs))                         # what was captured and why not
+    grace.stats.snapshot()                                       # per-graph facts
+
+Outputs of a captured graph live in the graph's memory pool and are overwritten by the next call with
+the same input signature; clone what you keep across calls, or set ``GraceOptions(clone_outputs=True)``.
+
+``import grace`` registers the ``"grace"`` backend with Dynamo when torch is installed (installed
+distributions also register it through the ``torch_dynamo_backends`` entry point) and imports the
+rest lazily; ``grace`` never imports ``suites``, ``matrix`` or ``dashboards``.
 """
 
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from grace.options import GraceOptions, GraceOptionsError
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from grace.explanation import ExplainReport
+
+__all__ = [
+    "GraceOptions",
+    "GraceOptionsError",
+    "available_techniques",
+    "compile",
+    "explain",
+    "reset",
+    "stats",
+]
+
+
+def compile(model: Any, options: GraceOptions | None = None, **torch_compile_kwargs: Any) -> Any:
+    """``torch.compile(model, backend=<grace with options>, **torch_compile_kwargs)``.
+
+    ``torch_compile_kwargs`` are ``torch.compile``'s own (``fullgraph``, ``dynamic``, ...); ``backend``,
+    ``mode`` and ``options`` are not accepted here: grace's options go in ``options``.
+    """
+    import torch
+
+    from grace.backend import GraceBackend
+
+    clash = sorted({"backend", "mode", "options"} & set(torch_compile_kwargs))
+    if clash:
+        raise GraceOptionsError(f"grace.compile() does not take {clash}; pass grace.GraceOptions as options")
+    return torch.compile(model, backend=GraceBackend(options), **torch_compile_kwargs)
+
+
+def available_techniques() -> dict[str, str | None]:
+    """For "runtime", "cgct", "pi" and "scg": None when usable here, else the reason why not."""
+    from grace.techniques import available
+
+    return available()
+
+
+def reset() -> None:
+    """Release every CUDA graph and memory pool grace holds; ``torch._dynamo.reset()`` calls this too."""
+    if importlib.util.find_spec("torch") is None:
+        return
+    from grace.backend import reset_runtime
+
+    reset_runtime()
+
+
+def explain(model: Any, *inputs: Any, options: GraceOptions | None = None) -> ExplainReport:
+    """Compile ``model`` with grace, run it on ``inputs`` and report, per compiled graph, what was
+    captured and why not (``.diagnoses`` holds CGCT's findings)."""
+    from grace.explanation import explain as _explain
+
+    return _explain(model, *inputs, options=options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "stats":
+        return importlib.import_module("grace.stats")
+    raise AttributeError(f"module 'grace' has no attribute {name!r}")
+
+
+def _register() -> None:
+    if importlib.util.find_spec("torch") is None:
+        return
+    from grace.backend import grace_backend, reset_runtime
+    from grace.compat import torch as torch_compat
+
+    torch_compat.register_backend("grace", grace_backend)
+    torch_compat.install_dynamo_reset_hook(reset_runtime)
+
+
+_register()

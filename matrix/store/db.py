@@ -1,25 +1,52 @@
 """Engines and sessions for the results store.
 
-One ``sessionmaker`` is built per store URL. The default store is an embedded SQLite file at
+Problem: the store is opened by the CLI, by the recording plugin and by nox sessions, on SQLite files
+that may have been written by an older grace-matrix, copied from another machine or damaged, and on
+PostgreSQL servers that several cells write to at once. Each of them must end up on the current schema,
+and a store that cannot be used must say so in one line instead of a traceback deep in a test run.
+
+Design: one ``sessionmaker`` is built per store URL. The default store is an embedded SQLite file at
 ``$GRACE_MATRIX_HOME/store.sqlite`` (``GRACE_MATRIX_HOME`` defaults to ``.grace-matrix`` in the current
 directory); ``--db URL`` or ``GRACE_MATRIX_DB`` selects any SQLAlchemy URL (PostgreSQL for fleets).
+``open_store`` checks the Alembic revision and upgrades to head when needed, under a lock (a lock file
+beside a SQLite store, an advisory lock on PostgreSQL) so that concurrent openers do not race.
 
 Invariants: callers open transactions at the edge (``with Session.begin():``) and pass sessions inward;
-``open_store`` brings the schema to the current head before returning.
+``open_store`` returns only for a store at ``SCHEMA_VERSION``; every failure to get there is a
+``StoreError`` naming the store and the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
 
+from matrix.errors import StoreError
 from matrix.store.models import Base
+
+logger = logging.getLogger(__name__)
 
 ENV_DB = "GRACE_MATRIX_DB"
 ENV_HOME = "GRACE_MATRIX_HOME"
+SCHEMA_VERSION = "0001"
+"""The Alembic head revision this code reads and writes."""
+
+_MIGRATIONS = "matrix:migrations"
+_PG_LOCK_KEY = zlib.crc32(b"grace-matrix schema upgrade")
 
 
 def default_url() -> str:
@@ -30,25 +57,170 @@ def default_url() -> str:
     return f"sqlite:///{(home / 'store.sqlite').resolve()}"
 
 
+def display_url(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL; None for in-memory SQLite and other databases."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
 def make_engine(url: str | None = None) -> Engine:
     url = url or default_url()
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 60})
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(
+            f"{url!r} is not a database URL; expected e.g. sqlite:///path/store.sqlite or "
+            "postgresql+psycopg://user@host/db"
+        ) from None
+    try:
+        if parsed.get_backend_name() != "sqlite":
+            return create_engine(url, pool_pre_ping=True)
+        path = sqlite_path(url)
+        if path is None:  # in-memory: one connection shared, or every session sees an empty store
+            engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url, connect_args={"timeout": 60})
+    except NoSuchModuleError:
+        raise StoreError(
+            f"no SQLAlchemy dialect for {display_url(url)}; for PostgreSQL install grace-matrix[postgres]"
+        ) from None
+    except ModuleNotFoundError as exc:
+        raise StoreError(
+            f"the driver for {display_url(url)} is not installed ({exc.name}); "
+            "for PostgreSQL install grace-matrix[postgres]"
+        ) from None
 
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.close()
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        if path is not None:
+            cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the recording writer
+            cursor.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe in WAL mode
+        cursor.close()
 
-        return engine
-    return create_engine(url)
+    return engine
 
 
 def open_store(url: str | None = None) -> sessionmaker[Session]:
-    """A session factory for the store at ``url``, with the schema created or upgraded."""
+    """A session factory for the store at ``url``, with the schema created or upgraded to head."""
+    url = url or default_url()
     engine = make_engine(url)
-    Base.metadata.create_all(engine)  # replaced by Alembic upgrade to head
+    try:
+        with engine.connect() as connection:
+            current = _current_revision(connection)
+        if current != SCHEMA_VERSION:
+            _check_known(url, current)
+            with _upgrade_lock(engine, url):
+                upgrade_to_head(engine)
+    except StoreError:
+        engine.dispose()
+        raise
+    except DatabaseError as exc:
+        engine.dispose()
+        raise StoreError(_database_problem(url, exc)) from None
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def upgrade_to_head(engine: Engine) -> None:
+    """Run the Alembic migrations up to ``SCHEMA_VERSION`` (a store built before migrations is stamped)."""
+    with engine.begin() as connection:
+        current = _current_revision(connection)
+        if current == SCHEMA_VERSION:
+            return  # another process upgraded it while we waited for the lock
+        config = _alembic_config()
+        config.attributes["connection"] = connection
+        if current is None and _has_all_tables(connection):
+            logger.info("store has the initial tables but no revision; stamping %s", SCHEMA_VERSION)
+            command.stamp(config, "0001")
+        logger.info("upgrading store schema from %s to %s", current, SCHEMA_VERSION)
+        command.upgrade(config, "head")
+
+
+def _alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", _MIGRATIONS)
+    return config
+
+
+def _current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def _check_known(url: str, revision: str | None) -> None:
+    if revision is None:
+        return
+    script = ScriptDirectory.from_config(_alembic_config())
+    try:
+        script.get_revision(revision)
+    except Exception:
+        raise StoreError(
+            f"store {display_url(url)} is at schema revision {revision!r}, which this grace-matrix does not "
+            f"know (its head is {SCHEMA_VERSION!r}): it was written by a newer version; upgrade grace-matrix"
+        ) from None
+
+
+def _has_all_tables(connection: Connection) -> bool:
+    present = set(inspect(connection).get_table_names())
+    return set(Base.metadata.tables) <= present
+
+
+@contextlib.contextmanager
+def _upgrade_lock(engine: Engine, url: str) -> Iterator[None]:
+    """Serialise schema upgrades between processes opening the same store."""
+    path = sqlite_path(url)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})
+            try:
+                yield
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK_KEY})
+                connection.commit()
+        return
+    if path is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX: SQLite's own locking has to do
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _database_problem(url: str, exc: DatabaseError) -> str:
+    detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    path = sqlite_path(url)
+    if path is not None and ("not a database" in detail or "malformed" in detail):
+        return (
+            f"store {path} is not a readable SQLite database ({detail}); move the file aside to start a "
+            f"new store, or choose another with --db / {ENV_DB}"
+        )
+    return f"cannot use store {display_url(url)}: {detail}; check --db / {ENV_DB}"
+
+
+def describe_error(url: str, exc: SQLAlchemyError) -> str:
+    """One line for a database error met after the store was opened (used by the CLI)."""
+    if isinstance(exc, DatabaseError):
+        return _database_problem(url, exc)
+    return f"store {display_url(url)}: {str(exc).splitlines()[0]}"

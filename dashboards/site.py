@@ -1,0 +1,397 @@
+"""What the dashboards show, computed from the results store alone (the view model of the site).
+
+Problem: every page needs a different cut of the same store (latest run per cell, the regressions with
+their evidence, PI stages per Triton x torch x CUDA, each workload's history, any two runs side by side),
+and the site must build in seconds from a store holding 100k results.
+
+Design: ``build_site`` reads the store once per table with column selects (``matrix.regressions.loader``
+and a compact raw pass for the per-run comparison data), runs regression detection on the latest run of
+every cell (``matrix.regressions.report.detect``), runs step detection on every workload x mode history,
+and returns frozen view objects. ``dashboards.render`` turns them into files; nothing here writes.
+
+Invariants: no torch import; only data from the store; every string from a test stays a plain string here
+(escaping is the templates' job, with autoescape on).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from markupsafe import Markup
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dashboards.charts import Point, StepMark, line_chart
+from matrix.regressions import history, loader, pairwise, report
+from matrix.regressions.observations import PASSING_STATUS, CellKey, RunInfo, Suite
+from matrix.regressions.status import Verdict
+from matrix.regressions.thresholds import Thresholds
+from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
+from suites.records import PIStage
+
+HEADLINES = (("grace", "inductor"), ("grace", "pt2cg"), ("pt2cg", "inductor"))
+"""Speedups shown on the index: (mode, reference), geometric mean over workloads that ran in both."""
+PI_STAGES = tuple(s.value for s in PIStage)
+SUITES = (Suite.CORRECTNESS, Suite.PERFORMANCE, Suite.PI)
+_BAD = {Verdict.FAIL, Verdict.MISSING}
+_WARN = {Verdict.XFAIL, Verdict.FLAKY, Verdict.IMPROVED, Verdict.SKIP}
+
+
+def slug(name: str) -> str:
+    """A file name for ``name``: readable, and unique (a hash is added when characters were replaced)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
+    if safe != name or safe.startswith("."):
+        safe = f"{safe.lstrip('.')}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return safe
+
+
+@dataclass(frozen=True)
+class SuiteSummary:
+    suite: str
+    counts: dict[str, int]
+    state: str  # ok | warn | bad | none
+    regressed: int = 0  # regressions of this suite in the run (status, pairwise and history)
+
+    @property
+    def text(self) -> str:
+        if not self.counts:
+            return "-"
+        order = [v.value for v in Verdict]
+        text = ", ".join(f"{self.counts[k]} {k}" for k in order if self.counts.get(k))
+        return f"{text}; {self.regressed} regressed" if self.regressed else text
+
+
+@dataclass(frozen=True)
+class Speedup:
+    mode: str
+    reference: str
+    value: float | None
+    workloads: int
+
+
+@dataclass(frozen=True)
+class GridRow:
+    run: RunInfo
+    baseline: RunInfo | None
+    suites: tuple[SuiteSummary, ...]
+    outcomes: dict[str, int]
+    speedups: tuple[Speedup, ...]
+    new_regressions: int
+    regressions: int
+    synthetic: bool
+
+
+@dataclass(frozen=True)
+class RegressionView:
+    anchor: str
+    regression: report.Regression
+    run: RunInfo
+    baseline: RunInfo | None
+    workload_page: str | None
+
+
+@dataclass(frozen=True)
+class PIFailure:
+    cell_id: str
+    run_uid: str
+    subject: str
+    stage: str
+    status: str
+    message: str
+    nodeid: str
+
+
+@dataclass(frozen=True)
+class PIStackRow:
+    triton: str
+    torch: str
+    cuda: str
+    cells: tuple[str, ...]
+    stages: dict[str, dict[str, int]]  # stage -> status -> count
+    failures: tuple[PIFailure, ...]
+
+    def state(self, stage: str) -> str:
+        counts = self.stages.get(stage, {})
+        if not counts:
+            return "none"
+        if counts.get("fail"):
+            return "bad"
+        return "ok" if counts.get("pass") else "warn"
+
+
+@dataclass(frozen=True)
+class HistoryChart:
+    cell_key: str
+    title: str
+    svg: Markup
+    steps: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    name: str
+    slug: str
+    charts: tuple[HistoryChart, ...]
+    latest: tuple[tuple[str, str, str, str, float | None], ...]  # cell, mode, correctness, perf, median
+
+
+@dataclass(frozen=True)
+class RunDigest:
+    """Per-run data for the side-by-side comparison (written as a small script file per run)."""
+
+    run: RunInfo
+    rows: list[list[Any]]  # [suite, workload, mode, status, median_ms or None]
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Site:
+    generated_at: dt.datetime
+    runs: tuple[RunInfo, ...]
+    grid: tuple[GridRow, ...]
+    regressions: tuple[RegressionView, ...]
+    improvements: tuple[tuple[RunInfo, str], ...]
+    pi_rows: tuple[PIStackRow, ...]
+    workloads: tuple[WorkloadView, ...]
+    digests: tuple[RunDigest, ...]
+    pairs: tuple[tuple[RunInfo, RunInfo, pairwise.PairwiseReport | None], ...]  # (baseline, run) per cell
+    synthetic: bool
+    result_count: int
+    thresholds: Thresholds
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _state(verdicts: Counter[str], failing: bool) -> str:
+    if not verdicts:
+        return "none"
+    if failing or any(verdicts.get(v.value) for v in _BAD):
+        return "bad"
+    if any(verdicts.get(v.value) for v in _WARN):
+        return "warn"
+    return "ok"
+
+
+def _synthetic_cells(session: Session) -> set[str]:
+    rows = session.execute(select(Cell.cell_id, Cell.gpu_name, Cell.extra))
+    return {f"{cid}@{gpu or 'no-gpu'}" for cid, gpu, extra in rows if (extra or {}).get("synthetic")}
+
+
+def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest], int]:
+    """One compact pass over every result row: per-run comparison rows and status counts."""
+    rows: dict[int, list[list[Any]]] = defaultdict(list)
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    total = 0
+    for model, suite in ((CorrectnessResult, "correctness"), (PerformanceResult, "performance")):
+        columns = [model.run_pk, Workload.name, model.mode, model.status]
+        if model is PerformanceResult:
+            columns.append(PerformanceResult.median_ms)
+        stmt = select(*columns).join(Workload, model.workload_pk == Workload.id)
+        for row in session.execute(stmt):
+            run_pk, status = cast(int, row[0]), cast(str, row[3])
+            median = row[4] if len(row) > 4 else None
+            rows[run_pk].append([suite, row[1], row[2], status, median])
+            counts[run_pk][status] += 1
+            total += 1
+    stmt_pi = select(PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status)
+    for run_pk, subject, stage, status in session.execute(stmt_pi):
+        rows[run_pk].append(["pi", subject, stage, status, None])
+        counts[run_pk][status] += 1
+        total += 1
+    digests = [
+        RunDigest(run, sorted(rows.get(run.pk, []), key=lambda r: r[:3]), dict(counts.get(run.pk, {})))
+        for run in runs
+    ]
+    return digests, total
+
+
+def _grid(
+    reports: Sequence[report.CellReport],
+    medians: dict[int, dict[pairwise.PerfKey, float]],
+    outcomes: dict[int, Counter[str]],
+    synthetic: set[str],
+) -> list[GridRow]:
+    grid = []
+    for cell in reports:
+        by_suite: dict[Suite, Counter[str]] = {s: Counter() for s in SUITES}
+        for f in cell.findings:
+            by_suite[f.key.suite][f.verdict.value] += 1
+        regressed = Counter(r.key.suite for r in cell.regressions)
+        summaries = tuple(
+            SuiteSummary(s.value, dict(by_suite[s]), _state(by_suite[s], bool(regressed[s])), regressed[s])
+            for s in SUITES
+        )
+        run_medians = medians.get(cell.run.pk, {})
+        speedups = tuple(Speedup(m, ref, *pairwise.speedups(run_medians, m, ref)) for m, ref in HEADLINES)
+        grid.append(
+            GridRow(
+                run=cell.run,
+                baseline=cell.baseline,
+                suites=summaries,
+                outcomes=dict(outcomes.get(cell.run.pk, {})),
+                speedups=speedups,
+                new_regressions=sum(r.new for r in cell.regressions),
+                regressions=len(cell.regressions),
+                synthetic=cell.run.cell_key in synthetic,
+            )
+        )
+    return grid  # in the order of the report: natural order of cell ids
+
+
+def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
+    by_pk = {r.pk: r for r in latest}
+    stacks: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in latest:
+        ident = (r.triton_version or "-", r.torch_version or "-", r.cuda_runtime or "-")
+        entry = stacks.setdefault(ident, {"cells": set(), "stages": defaultdict(Counter), "failures": []})
+        entry["cells"].add(r.cell_id)
+    for row in loader.load_pi_rows(session, list(by_pk)):
+        run = by_pk[row.run_pk]
+        triton = row.triton_version or run.triton_version or "-"
+        ident = (triton, run.torch_version or "-", run.cuda_runtime or "-")
+        entry = stacks.setdefault(
+            ident, {"cells": {run.cell_id}, "stages": defaultdict(Counter), "failures": []}
+        )
+        entry["stages"][row.stage][row.status] += 1
+        if row.status != PASSING_STATUS[Suite.PI] and row.status != "skip":
+            entry["failures"].append(
+                PIFailure(run.cell_id, run.uid, row.subject, row.stage, row.status, row.message, row.nodeid)
+            )
+    result = []
+    for (triton, torch, cuda), entry in stacks.items():
+        if not entry["stages"]:
+            continue
+        failures = sorted(
+            entry["failures"],
+            key=lambda f: (PI_STAGES.index(f.stage) if f.stage in PI_STAGES else 99, f.subject),
+        )
+        result.append(
+            PIStackRow(
+                triton,
+                torch,
+                cuda,
+                tuple(sorted(entry["cells"])),
+                {k: dict(v) for k, v in entry["stages"].items()},
+                tuple(failures),
+            )
+        )
+    return sorted(result, key=lambda r: (r.triton, r.torch, r.cuda), reverse=True)
+
+
+def _workloads(
+    runs: Sequence[RunInfo],
+    medians: dict[int, dict[pairwise.PerfKey, float]],
+    reports: Sequence[report.CellReport],
+    thresholds: Thresholds,
+) -> list[WorkloadView]:
+    by_cell: dict[CellKey, list[RunInfo]] = defaultdict(list)
+    for run in runs:
+        by_cell[run.cell_key].append(run)
+    # one pass over the history: workload -> cell key -> mode -> points (x = position in the window)
+    histories: dict[str, dict[CellKey, dict[str, list[Point]]]] = defaultdict(lambda: defaultdict(dict))
+    windows: dict[CellKey, list[RunInfo]] = {}
+    for key, cell_runs in by_cell.items():
+        window = windows[key] = cell_runs[-thresholds.history.window :]
+        for x, run in enumerate(window):
+            day = f"{run.started_at:%Y-%m-%d} run {run.short_uid}"
+            for (w, mode), value in medians.get(run.pk, {}).items():
+                histories[w][key].setdefault(mode, []).append(Point(x, value, f"{day}: {value:.4g} ms"))
+    names: set[str] = set(histories)
+    latest_status: dict[str, list[tuple[str, str, str, str, float | None]]] = defaultdict(list)
+    for cell in reports:
+        statuses: dict[Suite, dict[pairwise.PerfKey, str]] = {Suite.CORRECTNESS: {}, Suite.PERFORMANCE: {}}
+        for f in cell.findings:
+            if f.key.suite in statuses:
+                statuses[f.key.suite][(f.key.workload, f.key.mode)] = f.actual or "missing"
+        run_medians = medians.get(cell.run.pk, {})
+        for w, mode in sorted(set(statuses[Suite.CORRECTNESS]) | set(statuses[Suite.PERFORMANCE])):
+            names.add(w)
+            latest_status[w].append(
+                (
+                    cell.run.cell_id,
+                    mode,
+                    statuses[Suite.CORRECTNESS].get((w, mode), "-"),
+                    statuses[Suite.PERFORMANCE].get((w, mode), "-"),
+                    run_medians.get((w, mode)),
+                )
+            )
+    views = []
+    for name in sorted(names):
+        charts = []
+        for key, series in sorted(histories.get(name, {}).items()):
+            window = windows[key]
+            marks, notes = [], []
+            for mode, points in sorted(series.items()):
+                for step in history.detect_steps([p.value for p in points], thresholds.history):
+                    at = points[step.index]
+                    when = window[at.x].started_at
+                    label = (
+                        f"{mode}: x{step.ratio:.3f} ({step.before_ms:.4g} -> {step.after_ms:.4g} ms) "
+                        f"at {when:%Y-%m-%d}, p={step.p_value:.2g}"
+                    )
+                    marks.append(StepMark(at.x, label, step.slower))
+                    notes.append(label)
+            labels = {0: f"{window[0].started_at:%m-%d}", len(window) - 1: f"{window[-1].started_at:%m-%d}"}
+            title = f"{name} on {key}"
+            chart = line_chart(dict(sorted(series.items())), marks, labels, title=title)
+            charts.append(HistoryChart(key, title, chart, tuple(notes)))
+        views.append(WorkloadView(name, slug(name), tuple(charts), tuple(latest_status.get(name, ()))))
+    return views
+
+
+def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None = None) -> Site:
+    """Everything the pages show, from the store behind ``session``."""
+    runs = loader.load_runs(session)
+    medians = loader.load_perf_medians(session)
+    detected = (
+        report.detect(session, thresholds, runs=runs, medians=medians)
+        if runs
+        else report.RegressionReport(())
+    )
+    latest = [c.run for c in detected.cells]
+    outcomes = loader.load_outcome_counts(session, [r.pk for r in latest])
+    synthetic = _synthetic_cells(session)
+    by_uid = {r.uid: r for r in runs}
+    workloads = _workloads(runs, medians, detected.cells, thresholds)
+    pages = {w.name for w in workloads}
+    regressions = []
+    for cell in detected.cells:
+        for i, r in enumerate(cell.regressions):
+            anchor = f"r-{cell.run.short_uid}-{i}"
+            page = (
+                slug(r.key.workload) if r.key.suite is Suite.PERFORMANCE and r.key.workload in pages else None
+            )
+            regressions.append(RegressionView(anchor, r, cell.run, cell.baseline, page))
+    regressions.sort(key=lambda v: (not v.regression.new, v.run.cell_id, v.regression.kind.value))
+    improvements: list[tuple[RunInfo, str]] = []
+    for cell in detected.cells:
+        improvements.extend(
+            (cell.run, f"{label}: now passes; update expected.toml") for label in cell.improvements
+        )
+        if cell.comparison is not None:
+            improvements.extend(
+                (cell.run, f"performance:{c.workload}:{c.mode}: x{c.ratio:.3f}, p={c.p_value:.2g}")
+                for c in cell.comparison.improvements
+            )
+    digests, total = _digests(session, runs)
+    pairs = tuple((c.baseline, c.run, c.comparison) for c in detected.cells if c.baseline is not None)
+    return Site(
+        generated_at=now or dt.datetime.now(dt.timezone.utc),
+        runs=tuple(runs),
+        grid=tuple(_grid(detected.cells, medians, outcomes, synthetic)),
+        regressions=tuple(regressions),
+        improvements=tuple(improvements),
+        pi_rows=tuple(_pi_rows(session, latest)),
+        workloads=tuple(workloads),
+        digests=tuple(digests),
+        pairs=pairs,
+        synthetic=any(r.cell_key in synthetic for r in runs),
+        result_count=total,
+        thresholds=thresholds,
+        extra={"by_uid": by_uid},
+    )

@@ -1,0 +1,164 @@
+"""What a Dynamo FX graph and its example inputs say about capturing it in a CUDA graph.
+
+Problem: before compiling, the backend must know which inputs are static (parameters and buffers, used
+in place by the graph), which are dynamic (copied or indirected on each call), which are plain numbers
+(baked into a graph, so part of its signature), which inputs the graph mutates, and whether anything
+forbids a graph: CPU tensors, several devices, autograd.
+
+Design: pure functions over the FX graph and the example inputs (no CUDA work, testable on CPU with
+meta information from Dynamo's ``example_value``). Mutation detection follows views: an in-place op,
+``out=`` or ``inplace=True`` applied to a placeholder or to a view of it marks that input mutated. The
+runner adds mutations seen at run time through version counters.
+
+Invariant: when in doubt, report a reason to skip graphs rather than capture something that could
+replay stale data (a CPU tensor read at capture time is stale on every replay).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grace.compat import torch as torch_compat
+from grace.reasons import SkipCode, SkipReason
+
+_VIEW_NAMES = frozenset(
+    {
+        "view", "view_as", "reshape", "reshape_as", "__getitem__", "getitem", "transpose",
+        "permute", "narrow", "select", "unsqueeze", "squeeze", "expand", "expand_as", "as_strided", "t",
+        "flatten", "unflatten", "split", "split_with_sizes", "chunk", "unbind", "diagonal", "movedim",
+        "moveaxis", "swapaxes", "swapdims", "real", "imag", "view_as_real", "view_as_complex", "detach",
+        "contiguous", "unfold", "alias", "tensor_split", "hsplit", "vsplit", "T", "mT", "H", "mH",
+    }
+)  # fmt: skip
+_INPLACE_OPERATORS = frozenset(
+    {
+        operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+        operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+        operator.ilshift, operator.irshift, operator.imatmul,
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class InputAnalysis:
+    static_indices: tuple[int, ...]
+    dynamic_indices: tuple[int, ...]
+    scalar_indices: tuple[int, ...]
+    device: torch.device | None
+    skip: SkipReason | None
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__name__", None) or str(target)
+    return name.split(".")[-1]
+
+
+def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> InputAnalysis:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = [n.name for n in placeholders]
+    static: list[int] = []
+    dynamic: list[int] = []
+    scalars: list[int] = []
+    devices: set[torch.device] = set()
+    skip: SkipReason | None = None
+
+    def first(reason: SkipReason) -> None:
+        nonlocal skip
+        if skip is None:
+            skip = reason
+
+    for i, value in enumerate(example_inputs):
+        name = names[i] if i < len(names) else f"input {i}"
+        if isinstance(value, torch.Tensor):
+            placeholder = placeholders[i] if i < len(placeholders) else None
+            (static if torch_compat.is_static_input(placeholder, value) else dynamic).append(i)
+            if value.device.type != "cuda":
+                first(SkipReason(SkipCode.CPU_INPUT, f"input {name} is on {value.device}"))
+            else:
+                devices.add(value.device)
+        elif isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            scalars.append(i)
+        else:
+            first(SkipReason(SkipCode.UNSUPPORTED_INPUT, f"input {name} is a {type(value).__name__}"))
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        value = torch_compat.node_example_value(node)
+        for tensor in _tensors_in(value):
+            if tensor.device.type == "cuda":
+                devices.add(tensor.device)
+            elif tensor.device.type == "cpu":
+                first(SkipReason(SkipCode.CPU_OP, f"cpu device ({node.name}: {_target_name(node)})"))
+
+    device: torch.device | None = None
+    if len(devices) > 1:
+        first(SkipReason(SkipCode.MULTIPLE_DEVICES, f"devices {sorted(str(d) for d in devices)}"))
+    elif devices:
+        device = next(iter(devices))
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        first(SkipReason(SkipCode.NO_CUDA_TENSORS, "the graph has no CUDA tensors"))
+
+    if torch.is_grad_enabled():
+        grad_inputs = any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+        grad_params = any(p.requires_grad for p in gm.parameters())
+        if grad_inputs or grad_params:
+            first(
+                SkipReason(
+                    SkipCode.AUTOGRAD,
+                    "inputs require grad with grad mode on: training graphs run without CUDA graphs "
+                    "(call under torch.no_grad() or torch.inference_mode() for inference)",
+                )
+            )
+    return InputAnalysis(tuple(static), tuple(dynamic), tuple(scalars), device, skip)
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Indices of placeholders that an op of ``gm`` may write to (directly or through a view)."""
+    aliases: dict[torch.fx.Node, frozenset[int]] = {}
+    mutated: set[int] = set()
+    index = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            aliases[node] = frozenset({index})
+            index += 1
+            continue
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = _target_name(node)
+        first_arg = node.args[0] if node.args else None
+        source = aliases.get(first_arg, frozenset()) if isinstance(first_arg, torch.fx.Node) else frozenset()
+        if (name in _VIEW_NAMES or node.target is operator.getitem) and source:
+            aliases[node] = source
+        written: set[torch.fx.Node] = set()
+        is_inplace_name = name.endswith("_") and not name.startswith("_") and name not in _VIEW_NAMES
+        if is_inplace_name or node.target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True:
+            if isinstance(first_arg, torch.fx.Node):
+                written.add(first_arg)
+            if source and node.target in _INPLACE_OPERATORS:
+                aliases[node] = source  # ``x += 1`` returns x
+        out = node.kwargs.get("out")
+        for target in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(target, torch.fx.Node):
+                written.add(target)
+        for target in written:
+            mutated.update(aliases.get(target, frozenset()))
+    return tuple(sorted(mutated))

@@ -1,0 +1,394 @@
+"""Capture one compiled callable into a CUDA graph with static placeholders, and replay it.
+
+Problem: a CUDA graph replays fixed addresses. Inputs that change from call to call ("dynamic" inputs,
+the user's tensors) must be read from addresses known at capture: placeholders the runner copies into
+(what PyTorch2-CG does), or, with parameter indirection, slots that PI points at the real inputs.
+Parameters and buffers ("static" inputs) are used in place and must not move. Outputs are allocated in
+the graph's private memory pool during capture and rewritten by every replay.
+
+Design: ``capture_graph`` warms nothing up (the runner has already run the callable once on the
+capture stream), swaps the dynamic inputs for placeholders, captures on grace's side stream into a
+private pool, hands the raw ``cudaGraph_t`` to the hooks (stats, then PI through ``CaptureContext``)
+before instantiation, and returns a ``CapturedGraph``. Outputs that are views of a placeholder are
+rebuilt as views of the caller's real input on each replay, so aliasing is what eager gives.
+
+Invariants:
+- the hooks see the graph before ``instantiate``: edits made there are in every replay;
+- ``CapturedGraph.run`` copies every dynamic input the graph reads through a placeholder before the
+  replay and copies mutated dynamic inputs back after it;
+- a failed capture leaves no capture open on the stream (``capture_end`` in ``finally``) and raises
+  ``CaptureError`` carrying a ``SkipReason``.
+
+Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
+``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
+the pointer table now points at ``inputs`` for every index not in ``plan.uncovered_indices`` (those are
+still copied into their placeholders); False means the plan has pointed every slot at its placeholder and
+the runner copies all dynamic inputs this call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from grace.compat import cuda as cuda_compat
+from grace.compat import torch as torch_compat
+from grace.cudagraph import GraphSummary, graph_summary
+from grace.reasons import SkipCode, SkipReason
+
+logger = logging.getLogger(__name__)
+
+
+class CaptureError(RuntimeError):
+    """Capture, instantiation or the first replay failed; ``reason`` says how."""
+
+    def __init__(self, reason: SkipReason) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class CaptureContext:
+    """What PI (and any other graph editor) sees of a graph between capture and instantiation.
+
+    Attributes:
+        graph_handle: the ``cudaGraph_t`` as an int; valid only during the hook call.
+        placeholders: input index -> the static tensor whose address the graph captured for it.
+        dynamic_input_indices: indices of the callable's tensor inputs that change between calls.
+        compiled: the Inductor-compiled callable that was captured.
+        output_codes: Inductor ``OutputCode`` objects of the forward graph (the generated module with its
+            Triton kernels, see ``grace.compat.torch.inductor_module_globals``); empty when a warm cache
+            skipped Inductor's inner compile.
+        device: the CUDA device of the graph.
+        example_inputs: the real inputs of the capturing call (for alignment and view checks).
+    """
+
+    graph_handle: int
+    placeholders: Mapping[int, torch.Tensor]
+    dynamic_input_indices: tuple[int, ...]
+    compiled: Callable[..., Any]
+    output_codes: tuple[Any, ...]
+    device: torch.device
+    example_inputs: tuple[Any, ...] = ()
+
+
+@runtime_checkable
+class PIPlan(Protocol):
+    """A prepared parameter indirection for one graph (see Note: [PI seam])."""
+
+    @property
+    def uncovered_indices(self) -> tuple[int, ...]: ...
+
+    @property
+    def bytes_per_replay(self) -> int: ...
+
+    @property
+    def stages(self) -> list[tuple[str, str, str]]: ...
+
+    def update(self, inputs: Sequence[Any]) -> bool: ...
+
+
+GraphHook = Callable[[int, Mapping[int, torch.Tensor]], None]
+"""Called with the raw graph handle and the placeholders, before instantiation."""
+
+
+def dense_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` narrowed to length 1 along broadcast (stride 0) dimensions, so it can be copied into."""
+    if all(s != 0 or n <= 1 for s, n in zip(t.stride(), t.shape, strict=True)):
+        return t
+    index = tuple(
+        slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(t.stride(), t.shape, strict=True)
+    )
+    return t[index]
+
+
+def make_placeholder(t: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with ``t``'s size, strides and dtype on ``t``'s device (storage offset 0)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+
+
+@dataclass(frozen=True)
+class OutputAlias:
+    """Output ``position`` is a view of dynamic input ``input_index``'s storage."""
+
+    position: int
+    input_index: int
+    offset_delta: int  # output storage offset minus the placeholder's storage offset
+
+
+@dataclass
+class CapturedGraph:
+    """An instantiated graph with its placeholders and static outputs."""
+
+    graph: Any
+    device: torch.device
+    placeholders: dict[int, torch.Tensor]
+    copy_indices: tuple[int, ...]
+    mutated_indices: tuple[int, ...]
+    outputs: list[Any]
+    output_container: str  # "tuple", "list" or "single": what the compiled callable returned
+    aliases: tuple[OutputAlias, ...]
+    static_indices: tuple[int, ...]
+    static_ptrs: list[int | None]
+    summary: GraphSummary | None
+    summary_error: str | None = None
+    copy_bytes: int = 0
+    pi_plan: PIPlan | None = None
+    _dense_placeholders: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
+        return torch_compat.data_ptrs_equal(args, self.static_ptrs, self.static_indices)
+
+    def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        dsts = [self._dense_placeholders[i] for i in indices]
+        srcs = [dense_view(args[i]) for i in indices]
+        torch_compat.foreach_copy(dsts, srcs)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
+        outs = list(self.outputs)
+        for alias in self.aliases:
+            real = args[alias.input_index]
+            static = outs[alias.position]
+            outs[alias.position] = real.as_strided(
+                static.size(), static.stride(), real.storage_offset() + alias.offset_delta
+            )
+        if clone:
+            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+        if self.output_container == "tuple":
+            return tuple(outs)
+        return outs[0] if self.output_container == "single" else outs
+
+    def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
+        """Graph with input copies: what PyTorch2-CG does on each call."""
+        self.copy_in(args, self.copy_indices)
+        self.graph.replay()
+        self.copy_back(args, self.mutated_indices)
+        return self.collect_outputs(args, clone)
+
+    def run_with_pi(self, args: Sequence[Any], clone: bool) -> Any:
+        plan = self.pi_plan
+        assert plan is not None
+        if plan.update(args):
+            uncovered = plan.uncovered_indices
+            self.copy_in(args, uncovered)
+            self.graph.replay()
+            self.copy_back(args, [i for i in self.mutated_indices if i in uncovered])
+        else:
+            self.copy_in(args, self.copy_indices)
+            self.graph.replay()
+            self.copy_back(args, self.mutated_indices)
+        return self.collect_outputs(args, clone)
+
+    def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        for i in indices:
+            dense_view(args[i]).copy_(self._dense_placeholders[i])
+
+    def release(self) -> None:
+        """Drop the graph, its placeholders and static outputs; the pool is freed with the last of them."""
+        release = getattr(self.pi_plan, "release", None)
+        if callable(release):
+            try:
+                release()
+            except Exception:  # releasing must not raise out of reset or GC
+                logger.debug("grace: PI plan release failed", exc_info=True)
+        self.pi_plan = None
+        try:
+            self.graph.reset()
+        except Exception:
+            logger.debug("grace: CUDAGraph.reset failed", exc_info=True)
+        self.outputs = []
+        self.placeholders = {}
+        self._dense_placeholders = {}
+
+
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """grace's capture stream for ``device`` (one per device, created on first use)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _side_streams.get(index)
+    if stream is None:
+        stream = torch.cuda.Stream(device=index)
+        _side_streams[index] = stream
+    return stream
+
+
+def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torch.device) -> Any:
+    """Run ``fn(*args)`` on grace's side stream, ordered after and before the current stream's work.
+
+    The warm-up call runs here so that lazily created per-stream state (cuBLAS workspaces) exists before
+    the capture on the same stream.
+    """
+    stream = side_stream(device)
+    current = torch.cuda.current_stream(device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        out = fn(*args)
+    current.wait_stream(stream)
+    return out
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _find_aliases(
+    outputs: list[Any], placeholders: dict[int, torch.Tensor], device: torch.device
+) -> tuple[OutputAlias, ...]:
+    by_storage = {_storage_ptr(p): i for i, p in placeholders.items()}
+    aliases = []
+    for position, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        if out.device != device:
+            raise CaptureError(SkipReason(SkipCode.CPU_OUTPUT, f"output {position} is on {out.device}"))
+        index = by_storage.get(_storage_ptr(out))
+        if index is None:
+            continue
+        placeholder = placeholders[index]
+        if out.dtype != placeholder.dtype:
+            raise CaptureError(
+                SkipReason(
+                    SkipCode.UNSUPPORTED_OUTPUT_ALIAS,
+                    f"output {position} views input {index} as {out.dtype} (input is {placeholder.dtype})",
+                )
+            )
+        aliases.append(OutputAlias(position, index, int(out.storage_offset() - placeholder.storage_offset())))
+    return tuple(aliases)
+
+
+def capture_graph(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    device: torch.device,
+    dynamic_indices: Sequence[int],
+    static_indices: Sequence[int],
+    mutated_indices: Sequence[int],
+    hooks: Sequence[GraphHook] = (),
+) -> CapturedGraph:
+    """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph."""
+    placeholders = {i: make_placeholder(args[i]) for i in dynamic_indices}
+    capture_args = list(args)
+    for i, placeholder in placeholders.items():
+        capture_args[i] = placeholder
+    keep_graph = torch_compat.has_keep_graph()
+    try:
+        graph = torch_compat.new_cuda_graph(keep_graph=keep_graph)
+    except Exception as exc:
+        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"CUDAGraph(): {exc}")) from exc
+
+    stream = side_stream(device)
+    current = torch.cuda.current_stream(device)
+    stream.wait_stream(current)
+    hook_errors: list[BaseException] = []
+    outputs: Any = None
+    try:
+        with torch.cuda.stream(stream):
+            torch_compat.capture_begin(graph)
+            try:
+                outputs = fn(*capture_args)
+                if not keep_graph and hooks:
+                    _run_hooks(
+                        hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
+                    )
+            finally:
+                graph.capture_end()
+    except Exception as exc:
+        _discard(graph)
+        cuda_compat.clear_last_error()
+        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
+    finally:
+        current.wait_stream(stream)
+
+    if keep_graph:
+        try:
+            if hooks:
+                _run_hooks(hooks, int(graph.raw_cuda_graph()), placeholders, hook_errors)
+            graph.instantiate()
+        except Exception as exc:
+            _discard(graph)
+            raise CaptureError(
+                SkipReason(SkipCode.INSTANTIATE_FAILED, f"{type(exc).__name__}: {exc}")
+            ) from exc
+    if hook_errors:
+        _discard(graph)
+        first = hook_errors[0]
+        raise CaptureError(
+            SkipReason(SkipCode.CAPTURE_FAILED, f"graph hook: {type(first).__name__}: {first}")
+        )
+
+    if isinstance(outputs, tuple):
+        container, out_list = "tuple", list(outputs)
+    elif isinstance(outputs, list):
+        container, out_list = "list", list(outputs)
+    else:
+        container, out_list = "single", [outputs]
+    try:
+        aliases = _find_aliases(out_list, placeholders, device)
+    except CaptureError:
+        _discard(graph)
+        raise
+    static_ptrs: list[int | None] = [None] * len(args)
+    for i in static_indices:
+        static_ptrs[i] = args[i].data_ptr()
+    copy_indices = tuple(sorted(placeholders))
+    return CapturedGraph(
+        graph=graph,
+        device=device,
+        placeholders=placeholders,
+        copy_indices=copy_indices,
+        mutated_indices=tuple(i for i in mutated_indices if i in placeholders),
+        outputs=out_list,
+        output_container=container,
+        aliases=aliases,
+        static_indices=tuple(static_indices),
+        static_ptrs=static_ptrs,
+        summary=None,
+        copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
+        _dense_placeholders={i: dense_view(p) for i, p in placeholders.items()},
+    )
+
+
+def _run_hooks(
+    hooks: Sequence[GraphHook],
+    handle: int,
+    placeholders: Mapping[int, torch.Tensor],
+    errors: list[BaseException],
+) -> None:
+    for hook in hooks:
+        try:
+            hook(handle, placeholders)
+        except Exception as exc:  # recorded and turned into a CaptureError after capture_end
+            errors.append(exc)
+            return
+
+
+def _discard(graph: Any) -> None:
+    try:
+        graph.reset()
+    except Exception:
+        logger.debug("grace: CUDAGraph.reset after a failed capture failed", exc_info=True)
+
+
+def summary_hook(sink: dict[str, Any]) -> GraphHook:
+    """A hook that stores the node counts of the graph under ``sink["summary"]`` (or the error)."""
+
+    def hook(handle: int, placeholders: Mapping[int, torch.Tensor]) -> None:
+        if cuda_compat.driver() is None:
+            sink["summary_error"] = f"cuda-bindings unavailable: {cuda_compat.import_error()}"
+            return
+        try:
+            sink["summary"] = graph_summary(handle)
+        except Exception as exc:  # counting is informational; never fail a capture for it
+            sink["summary_error"] = f"{type(exc).__name__}: {exc}"
+
+    return hook

@@ -1,0 +1,219 @@
+"""The CUDA driver API through cuda-bindings, whatever its release.
+
+Problem: grace reads and edits CUDA graphs at the driver level (kernel nodes, their functions and
+parameters, the graph being captured). cuda-bindings moved its modules (``cuda.cuda`` up to 12.x,
+``cuda.bindings.driver`` from 12.6 on) and some entry points need a recent driver
+(``cuFuncGetParamInfo``: 12.4; ``cuFuncGetName``: 12.3).
+
+Design: ``driver()`` returns the driver module or None (``import_error()`` says why); the helpers take
+and return plain ``int`` handles, unwrap the ``(CUresult, *values)`` tuples and raise ``CudaDriverError``
+with the function's and the error's names. Capabilities (``has_param_info()``) are probed once.
+
+Invariant: importing this module never loads libcuda; only calling a helper does.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+# cuLaunchKernel ``extra`` markers (cuda.h): CU_LAUNCH_PARAM_END, _BUFFER_POINTER, _BUFFER_SIZE.
+LAUNCH_PARAM_END = 0x00
+LAUNCH_PARAM_BUFFER_POINTER = 0x01
+LAUNCH_PARAM_BUFFER_SIZE = 0x02
+LAUNCH_PARAM_END_AS_INT = 0x03
+
+_import_error: str | None = None
+
+
+class CudaDriverError(RuntimeError):
+    """A driver call failed; the message names the call and the CUDA error."""
+
+
+@functools.cache
+def driver() -> Any:
+    """The cuda-bindings driver module, or None when cuda-bindings is not installed."""
+    global _import_error
+    errors = []
+    for name in ("cuda.bindings.driver", "cuda.cuda"):
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # ImportError, or a broken install
+            errors.append(f"{name}: {exc}")
+    _import_error = "; ".join(errors) + " (install the 'gpu' extra: cuda-bindings)"
+    return None
+
+
+def import_error() -> str | None:
+    driver()
+    return _import_error
+
+
+def bindings_version() -> str | None:
+    for name in ("cuda.bindings", "cuda"):
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        version = getattr(mod, "__version__", None)
+        if version:
+            return str(version)
+    return None
+
+
+def _require() -> Any:
+    drv = driver()
+    if drv is None:
+        raise CudaDriverError(f"cuda-bindings is not available: {import_error()}")
+    return drv
+
+
+def check(name: str, result: Any) -> Any:
+    """Unwrap a cuda-bindings result tuple ``(CUresult, *values)``; raise on an error code."""
+    if isinstance(result, tuple):
+        err, values = result[0], result[1:]
+    else:
+        err, values = result, ()
+    code = int(err)
+    if code != 0:
+        drv = driver()
+        detail = str(err)
+        if drv is not None:
+            try:
+                msg = drv.cuGetErrorString(err)
+                if int(msg[0]) == 0 and msg[1]:
+                    detail = f"{err} ({msg[1].decode(errors='replace')})"
+            except Exception:
+                pass
+        raise CudaDriverError(f"{name} failed: {detail}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+@functools.cache
+def driver_version() -> int | None:
+    """``cuDriverGetVersion`` (e.g. 13000 for 13.0), or None when it cannot be asked."""
+    drv = driver()
+    if drv is None:
+        return None
+    try:
+        return int(check("cuDriverGetVersion", drv.cuDriverGetVersion()))
+    except Exception:
+        return None
+
+
+@functools.cache
+def has_param_info() -> bool:
+    """``cuFuncGetParamInfo`` is in the bindings and the driver (CUDA >= 12.4)."""
+    drv = driver()
+    version = driver_version()
+    return drv is not None and hasattr(drv, "cuFuncGetParamInfo") and version is not None and version >= 12040
+
+
+def capturing_graph(stream_handle: int) -> int:
+    """The ``CUgraph`` being captured on ``stream_handle`` (``cuStreamGetCaptureInfo``).
+
+    The way to reach the graph on torch releases without ``keep_graph`` (DESIGN 3.2). The handle is owned
+    by the capture: valid until the capture ends.
+    """
+    drv = _require()
+    result = drv.cuStreamGetCaptureInfo(drv.CUstream(stream_handle))
+    code = int(result[0])
+    if code != 0:
+        check("cuStreamGetCaptureInfo", result)
+    status, graph = result[1], result[3]
+    if int(status) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE):
+        raise CudaDriverError(f"cuStreamGetCaptureInfo: stream is not capturing (status {status})")
+    return int(graph)
+
+
+def graph_nodes(graph: int) -> list[int]:
+    drv = _require()
+    handle = drv.CUgraph(graph)
+    _, count = check("cuGraphGetNodes", drv.cuGraphGetNodes(handle, 0))
+    if not count:
+        return []
+    nodes, _ = check("cuGraphGetNodes", drv.cuGraphGetNodes(handle, count))
+    return [int(n) for n in nodes[:count]]
+
+
+def node_type(node: int) -> str:
+    """Lower-case node type without prefix: ``kernel``, ``memcpy``, ``memset``, ``graph``, ..."""
+    drv = _require()
+    kind = check("cuGraphNodeGetType", drv.cuGraphNodeGetType(drv.CUgraphNode(node)))
+    name = getattr(kind, "name", str(kind))
+    return name.replace("CU_GRAPH_NODE_TYPE_", "").lower()
+
+
+def kernel_node_params(node: int) -> dict[str, Any]:
+    """The fields of ``CUDA_KERNEL_NODE_PARAMS`` as ints: func, kern, grid, block, shared memory, and
+    the addresses of the ``kernelParams`` and ``extra`` arrays (owned by the node)."""
+    drv = _require()
+    params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(node)))
+    return {
+        "func": int(params.func),
+        "kern": int(getattr(params, "kern", 0) or 0),
+        "grid": (int(params.gridDimX), int(params.gridDimY), int(params.gridDimZ)),
+        "block": (int(params.blockDimX), int(params.blockDimY), int(params.blockDimZ)),
+        "shared_mem_bytes": int(params.sharedMemBytes),
+        "kernel_params": int(params.kernelParams or 0),
+        "extra": int(params.extra or 0),
+    }
+
+
+def function_of(func: int, kern: int) -> int:
+    """The ``CUfunction`` a node launches: ``func``, else the one of its ``CUkernel`` in this context."""
+    if func:
+        return func
+    if not kern:
+        return 0
+    drv = _require()
+    return int(check("cuKernelGetFunction", drv.cuKernelGetFunction(drv.CUkernel(kern))))
+
+
+def function_name(func: int) -> str | None:
+    drv = _require()
+    if not func or not hasattr(drv, "cuFuncGetName"):
+        return None
+    try:
+        name = check("cuFuncGetName", drv.cuFuncGetName(drv.CUfunction(func)))
+    except CudaDriverError:
+        return None
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
+def param_info(func: int, index: int) -> tuple[int, int] | None:
+    """(offset, size) of parameter ``index`` of ``func``; None past the last parameter."""
+    drv = _require()
+    result = drv.cuFuncGetParamInfo(drv.CUfunction(func), index)
+    if int(result[0]) != 0:
+        return None
+    return int(result[1]), int(result[2])
+
+
+def set_kernel_node_function(node: int, func: int) -> None:
+    """Swap the function a kernel node launches, keeping grid, block and parameters."""
+    drv = _require()
+    handle = drv.CUgraphNode(node)
+    params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(handle))
+    params.func = drv.CUfunction(func)
+    if hasattr(params, "kern"):
+        params.kern = drv.CUkernel(0)
+    check("cuGraphKernelNodeSetParams", drv.cuGraphKernelNodeSetParams(handle, params))
+
+
+def clear_last_error() -> None:
+    """Reset the runtime's last error after a failed capture, so later launch checks do not see it."""
+    try:
+        runtime = importlib.import_module("cuda.bindings.runtime")
+    except Exception:
+        try:
+            runtime = importlib.import_module("cuda.cudart")
+        except Exception:
+            return
+    try:
+        runtime.cudaGetLastError()
+    except Exception:
+        return

@@ -1,0 +1,332 @@
+"""torch differences between 2.4 and 2.15, exposed as capabilities.
+
+Problem: grace drives private parts of torch (Dynamo's backend registry, Inductor's ``compile_fx``, the
+CUDA graph object) whose names and signatures move between releases. Other grace modules must not know
+which release they run on.
+
+Design: each capability is probed once (attribute or signature present), never inferred from a version
+number, and every helper keeps one signature whatever the release. Facts relied on (DESIGN 3.1, 3.2):
+- ``compile_fx(gm, inputs, inner_compile=..., config_patches=...)`` exists in every release; the inner
+  compile receives ``cudagraphs`` (a ``BoxedBool``) and ``static_input_idxs`` as keyword arguments.
+- ``CUDAGraph(keep_graph=True)`` + ``raw_cuda_graph()`` exist from 2.8; before that the graph being
+  captured is only reachable through the driver (``grace.compat.cuda.capturing_graph``).
+- Dynamo marks parameters and buffers that it passes as graph inputs with ``_dynamo_static_input_type``
+  (on the tensor and in the placeholder's ``tensor_dict`` meta); older releases keep parameters as
+  ``get_attr`` nodes, so they are no inputs at all.
+- ``torch._dynamo.reset`` calls ``reset()`` on every cached backend that has one.
+
+Invariant: nothing here runs CUDA work at import; importing works on CPU-only builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+TORCH_VERSION: str = torch.__version__.split("+")[0]
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+    except Exception:  # any failure means "no usable Triton"
+        return None
+    return str(getattr(triton, "__version__", "unknown"))
+
+
+def cuda_runtime_version() -> str | None:
+    return torch.version.cuda
+
+
+@functools.cache
+def cuda_available() -> bool:
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+# --- CUDA graph object -------------------------------------------------------------------------
+
+
+def _cuda_graph_class() -> Any:
+    return getattr(torch.cuda, "CUDAGraph", None)
+
+
+@functools.cache
+def has_keep_graph() -> bool:
+    """``CUDAGraph(keep_graph=True)`` with ``raw_cuda_graph()`` and an explicit ``instantiate()``."""
+    cls = _cuda_graph_class()
+    if cls is None or not hasattr(cls, "raw_cuda_graph") or not hasattr(cls, "instantiate"):
+        return False
+    try:
+        return "keep_graph" in inspect.signature(cls.__new__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@functools.cache
+def has_raw_cuda_graph_exec() -> bool:
+    cls = _cuda_graph_class()
+    return cls is not None and hasattr(cls, "raw_cuda_graph_exec")
+
+
+def new_cuda_graph(keep_graph: bool) -> Any:
+    """A fresh ``torch.cuda.CUDAGraph``; ``keep_graph`` only where ``has_keep_graph()``."""
+    cls = _cuda_graph_class()
+    if keep_graph:
+        if not has_keep_graph():
+            raise RuntimeError("this torch has no CUDAGraph(keep_graph=True); use the in-capture handle")
+        return cls(keep_graph=True)
+    return cls()
+
+
+def capture_begin(graph: Any, pool: Any = None) -> None:
+    """Begin capture on the current stream; thread-local capture mode as cudagraph trees use."""
+    if pool is None:
+        graph.capture_begin(capture_error_mode="thread_local")
+    else:
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+
+
+def is_current_stream_capturing() -> bool:
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+# --- Inductor ----------------------------------------------------------------------------------
+
+
+@dataclass
+class InnerCompileRecord:
+    """What Inductor's inner compile told us, when it ran (warm caches may skip it)."""
+
+    calls: int = 0
+    static_input_idxs: list[tuple[int, ...]] = field(default_factory=list)
+    is_inference: list[bool] = field(default_factory=list)
+    output_codes: list[Any] = field(default_factory=list)
+
+
+def _make_inner_compile(record: InnerCompileRecord) -> Callable[..., Any]:
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.utils import BoxedBool
+
+    def grace_inner_compile(*args: Any, **kwargs: Any) -> Any:
+        kwargs["cudagraphs"] = BoxedBool(False)
+        record.calls += 1
+        record.static_input_idxs.append(tuple(kwargs.get("static_input_idxs", ()) or ()))
+        record.is_inference.append(bool(kwargs.get("is_inference", False)))
+        out = compile_fx_inner(*args, **kwargs)
+        if not kwargs.get("is_backward", False):
+            record.output_codes.append(out)
+        return out
+
+    return grace_inner_compile
+
+
+@contextlib.contextmanager
+def _autograd_cache_disabled(disabled: bool) -> Iterator[None]:
+    """AOTAutograd's cache can skip the inner compile on a hit; PI needs the inner compile's output."""
+    if not disabled:
+        yield
+        return
+    try:
+        import torch._functorch.config as functorch_config
+    except Exception:
+        yield
+        return
+    if not hasattr(functorch_config, "enable_autograd_cache"):
+        yield
+        return
+    with functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
+def compile_with_inductor(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    record: InnerCompileRecord,
+    *,
+    need_inner_outputs: bool,
+) -> Callable[..., Any]:
+    """Inductor with its own CUDA graphs off (config and the inner compile's ``cudagraphs`` box)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with _autograd_cache_disabled(need_inner_outputs):
+        compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+            gm,
+            list(example_inputs),
+            inner_compile=_make_inner_compile(record),
+            config_patches={"triton.cudagraphs": False},
+        )
+    return compiled
+
+
+def inductor_module_globals(output_code: Any) -> dict[str, Any] | None:
+    """The globals of the Python module Inductor generated for ``output_code``, or None.
+
+    The module holds the Triton kernels (``CachingAutotuner`` objects) that PI rewrites. Follows
+    ``current_callable`` through ``functools.wraps`` chains and closures.
+    """
+    fn = getattr(output_code, "current_callable", None)
+    seen: set[int] = set()
+    todo = [fn]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        glb = getattr(item, "__globals__", None)
+        if isinstance(glb, dict) and "call" in glb and any(k.startswith("triton_") for k in glb):
+            return glb
+        if isinstance(glb, dict) and "async_compile" in glb:
+            return glb
+        todo.append(getattr(item, "__wrapped__", None))
+        todo.append(getattr(item, "func", None))  # functools.partial
+        for cell in getattr(item, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):
+                todo.append(cell.cell_contents)
+    return None
+
+
+# --- Dynamo ------------------------------------------------------------------------------------
+
+
+def is_static_input(placeholder: torch.fx.Node | None, value: Any) -> bool:
+    """Parameters and buffers Dynamo passes as inputs: their address is stable across calls."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    if getattr(value, "_dynamo_static_input_type", None):
+        return True
+    if placeholder is not None:
+        tensor_dict = placeholder.meta.get("tensor_dict", {})
+        if isinstance(tensor_dict, dict) and tensor_dict.get("_dynamo_static_input_type"):
+            return True
+    return False
+
+
+def node_example_value(node: torch.fx.Node) -> Any:
+    meta = node.meta
+    if "example_value" in meta:
+        return meta["example_value"]
+    return meta.get("val")
+
+
+def graph_code_hash(gm: torch.fx.GraphModule) -> str:
+    """A stable hash of the FX graph's code (names from Dynamo are deterministic per program)."""
+    try:
+        code = gm.code
+    except Exception:
+        code = str(gm.graph)
+    return hashlib.sha256(code.encode()).hexdigest()[:24]
+
+
+def backend_restart_exception() -> type[BaseException] | None:
+    """The ``RestartAnalysis`` subclass that Dynamo lets out of a backend call, or None.
+
+    Dynamo wraps a plain ``RestartAnalysis`` raised by a backend into ``BackendCompilerFailed``; releases
+    that pass ``TensorifyScalarRestartAnalysis`` through (2.13 does) restart the frame's analysis with it.
+    """
+    try:
+        import torch._dynamo.exc as dynamo_exc
+        import torch._dynamo.output_graph as output_graph
+    except Exception:
+        return None
+    cls = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", None)
+    if cls is None or getattr(output_graph, "TensorifyScalarRestartAnalysis", None) is not cls:
+        return None
+    return cls  # type: ignore[no-any-return]
+
+
+def as_backend_restart(exc: BaseException) -> BaseException:
+    """``exc`` (a ``RestartAnalysis``) in the form Dynamo restarts on when a backend raises it."""
+    cls = backend_restart_exception()
+    if cls is None or isinstance(exc, cls):
+        return exc
+    reason = getattr(exc, "restart_reason", None)
+    try:
+        converted = cls(*exc.args, restart_reason=reason)  # type: ignore[call-arg]
+    except TypeError:
+        converted = cls(*exc.args)
+    converted.__cause__ = exc
+    return converted
+
+
+def register_backend(name: str, fn: Callable[..., Any]) -> bool:
+    """Register ``fn`` as ``torch.compile(backend=name)``; False when another backend has the name."""
+    from torch._dynamo.backends import registry
+
+    compiler_fns = getattr(registry, "_COMPILER_FNS", None)
+    if isinstance(compiler_fns, dict) and name in compiler_fns:
+        return compiler_fns[name] is fn or getattr(compiler_fns[name], "__module__", "") == fn.__module__
+    backends = getattr(registry, "_BACKENDS", None)
+    if isinstance(backends, dict) and backends.get(name) is not None:
+        # Dynamo discovered our entry point and registers it when first looked up (possibly right
+        # now, while importing us): registering here too would be a duplicate.
+        return True
+    registry.register_backend(compiler_fn=fn, name=name)
+    return True
+
+
+def install_dynamo_reset_hook(callback: Callable[[], None]) -> None:
+    """Make ``torch._dynamo.reset()`` call ``callback``.
+
+    Releases that reset cached backends call ``backend.reset()`` already (the grace backends carry one);
+    for the others, ``torch._dynamo.reset`` is wrapped once.
+    """
+    import torch._dynamo
+    import torch._dynamo.eval_frame as eval_frame
+
+    if hasattr(eval_frame, "_reset_guarded_backend_cache"):
+        return
+    current = torch._dynamo.reset
+    if getattr(current, "_grace_wrapped", False):
+        return
+
+    @functools.wraps(current)
+    def reset() -> None:
+        current()
+        callback()
+
+    reset._grace_wrapped = True  # type: ignore[attr-defined]
+    torch._dynamo.reset = reset
+
+
+# --- tensors -----------------------------------------------------------------------------------
+
+
+def data_ptrs_equal(tensors: Sequence[Any], data_ptrs: Sequence[int | None], indices: Sequence[int]) -> bool:
+    """``tensors[i].data_ptr() == data_ptrs[i]`` for every ``i`` in ``indices`` (C++ where torch has it).
+
+    ``data_ptrs`` is indexed like ``tensors`` (None at the indices that are not checked).
+    """
+    fast = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+    if fast is not None:
+        return bool(fast(list(tensors), list(data_ptrs), list(indices)))
+    return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
+
+
+def foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """Copy each src into its dst, in as few launches as the release allows."""
+    if not dsts:
+        return
+    if len(dsts) > 1 and hasattr(torch, "_foreach_copy_"):
+        torch._foreach_copy_(dsts, srcs)
+        return
+    for dst, src in zip(dsts, srcs, strict=True):
+        dst.copy_(src)
+
+
+def device_name(device: torch.device) -> str:
+    return str(torch.cuda.get_device_name(device))

@@ -1,0 +1,453 @@
+"""Triton version differences: compiling for a target without a GPU, its bundled tools, kernel loading.
+
+Problem: parameter indirection (grace.pi) needs, for every Triton release from 3.0 to 3.9, the PTX of a
+kernel compiled for a given GPU target, that release's own ptxas and cuobjdump, and a way to load a
+cubin. Each of those moved between releases: ``ASTSource`` took ``{name: type}`` signatures with an
+``AttrsDescriptor`` (3.0-3.1: a dataclass of index sets; 3.2: ``from_dict`` of property lists) and
+later ``{name: type}`` with constexpr entries and ``{(index,): [[attr, value]]}`` attributes (3.3+);
+ptxas is found through ``_path_to_binary`` (3.0-3.2), ``get_ptxas(arch)`` returning a tuple (3.3),
+``get_ptxas()`` or ``get_ptxas(arch)`` returning a tool object (3.4+), and 3.9 assembles sm_90 with
+``ptxas-blackwell`` (its PTX is ``.version 9.4``, which the plain ptxas rejects); ``load_binary`` returns
+four values up to 3.4 and five after.
+
+Design: every difference is probed here once, against the installed Triton, and exposed as a
+capability or a function with one signature. Nothing here imports Triton at module import time, so
+``import grace`` stays cheap and works where Triton is absent (``HAS_TRITON`` is False then).
+
+Invariants:
+- ``compile_for_target`` never touches a GPU or a driver; it works on a machine without one.
+- ``ptxas_for`` names the ptxas that this Triton itself would use for the target, so a rewritten
+  kernel is assembled by the same tool as the original.
+- The parameter list of the PTX entry is: the non-constexpr arguments (3.0-3.2 also drop arguments
+  specialised as equal to 1), then the trailing scratch parameters that ``scratch_parameters`` names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import logging
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+logger = logging.getLogger(__name__)
+
+HAS_TRITON: bool = importlib.util.find_spec("triton") is not None
+
+# Names Triton gives the trailing pointer parameters it appends after the kernel's own arguments, in
+# the order they appear in the PTX entry (read from each release's compiler; DESIGN.md 3.3).
+GLOBAL_SCRATCH = "global_scratch"
+PROFILE_SCRATCH = "profile_scratch"
+
+
+class TritonUnavailable(RuntimeError):
+    """Triton is not installed, or this release lacks what the caller asked for."""
+
+
+@functools.cache
+def triton_version() -> Version | None:
+    """The installed Triton release, or None when Triton is absent."""
+    if not HAS_TRITON:
+        return None
+    import triton
+
+    return Version(triton.__version__.split("+")[0])
+
+
+def _require() -> Version:
+    version = triton_version()
+    if version is None:
+        raise TritonUnavailable("Triton is not installed; install the cell's triton package")
+    return version
+
+
+@functools.cache
+def scratch_parameters() -> tuple[str, ...]:
+    """Names of the pointer parameters Triton appends to every kernel entry, in PTX order.
+
+    The count is probed by compiling a one-pointer kernel for sm_90 (no GPU needed); names follow
+    the order Triton appends them in (global scratch first, then profile scratch).
+    """
+    _require()
+    artifacts = compile_for_target(_probe_kernel(), {"x_ptr": "*fp32"}, {}, divisible_by_16={"x_ptr"})
+    count = len(re.findall(r"\.param\s", _entry_header(artifacts.ptx))) - 1
+    names = (GLOBAL_SCRATCH, PROFILE_SCRATCH)
+    if count > len(names):
+        raise TritonUnavailable(
+            f"Triton {triton_version()} appends {count} parameters to a kernel entry; this grace knows "
+            f"{len(names)} ({', '.join(names)}). Upgrade grace or pin an older Triton."
+        )
+    return names[:count]
+
+
+def _entry_header(ptx: str) -> str:
+    match = re.search(r"\.entry\s+[\w$]+\s*\((.*?)\)", ptx, re.DOTALL)
+    return match.group(1) if match else ""
+
+
+@functools.cache
+def _probe_kernel() -> Any:
+    from grace.compat._triton_probe import grace_scratch_probe
+
+    return grace_scratch_probe
+
+
+@dataclass(frozen=True)
+class CompiledArtifacts:
+    """What a compile for a target produced: the entry name, PTX text, cubin bytes and options."""
+
+    name: str
+    ptx: str
+    cubin: bytes
+    num_warps: int
+    shared: int
+    enable_fp_fusion: bool
+    capability: int
+
+
+def compile_for_target(
+    fn: Any,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    *,
+    divisible_by_16: Collection[str] = (),
+    equal_to_1: Collection[str] = (),
+    capability: int = 90,
+    warp_size: int = 32,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    enable_fp_fusion: bool = True,
+) -> CompiledArtifacts:
+    """Compile a ``triton.jit`` function for ``cuda:capability`` without a GPU.
+
+    ``signature`` maps every argument name, in order, to a Triton type string (``*fp32``, ``i32``,
+    ``constexpr``). ``constexprs`` gives the values of constexpr arguments. ``equal_to_1`` names integer
+    arguments specialised as 1 (they leave the PTX entry); ``divisible_by_16`` names arguments
+    specialised as 16-divisible (pointers then carry that alignment assumption).
+    """
+    version = _require()
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    arg_names = list(fn.arg_names)
+    if list(signature) != arg_names:
+        raise ValueError(f"signature keys {list(signature)} do not match {fn.__name__}'s args {arg_names}")
+    index = {name: i for i, name in enumerate(arg_names)}
+    options = {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": enable_fp_fusion}
+    if version < Version("3.3"):
+        sig = {n: t for n, t in signature.items() if t != "constexpr"}
+        constants: dict[str, Any] = {n: constexprs[n] for n, t in signature.items() if t == "constexpr"}
+        constants.update({n: 1 for n in equal_to_1})
+        div = sorted(index[n] for n in divisible_by_16)
+        one = sorted(index[n] for n in equal_to_1)
+        if version < Version("3.2"):
+            from triton.compiler.compiler import AttrsDescriptor
+
+            attrs: Any = AttrsDescriptor(divisible_by_16=set(div), equal_to_1=set(one))
+        else:
+            from triton.backends.compiler import AttrsDescriptor
+
+            attrs = AttrsDescriptor.from_dict(
+                {"arg_properties": {"tt.divisibility": div, "tt.equal_to": one}, "cls": "AttrsDescriptor"}
+            )
+        src = triton.compiler.ASTSource(fn=fn, signature=sig, constants=constants, attrs=attrs)
+    else:
+        sig = dict(signature)
+        values = dict(constexprs)
+        for n in equal_to_1:
+            sig[n] = "constexpr"
+            values[n] = 1
+        attrs = {(index[n],): [["tt.divisibility", 16]] for n in divisible_by_16}
+        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=values, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", capability, warp_size), options=options)
+    meta = kernel.metadata
+    meta_get = meta.get if isinstance(meta, dict) else lambda k, d=None: getattr(meta, k, d)
+    return CompiledArtifacts(
+        name=str(meta_get("name", fn.__name__)),
+        ptx=kernel.asm["ptx"],
+        cubin=bytes(kernel.asm["cubin"]),
+        num_warps=int(meta_get("num_warps", num_warps)),
+        shared=int(meta_get("shared", 0)),
+        enable_fp_fusion=bool(meta_get("enable_fp_fusion", enable_fp_fusion)),
+        capability=capability,
+    )
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A CUDA tool bundled with Triton: its path and release (``12.8``)."""
+
+    path: Path
+    release: str
+
+
+def _tool(path: str | os.PathLike[str]) -> Tool:
+    out = subprocess.run([os.fspath(path), "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"release (\d+\.\d+)", out)
+    if match is None:
+        raise TritonUnavailable(f"{path} --version printed no release: {out!r}")
+    return Tool(Path(path), match.group(1))
+
+
+def _nvidia_compiler_module() -> Any:
+    _require()
+    import triton.backends.nvidia.compiler as nvc
+
+    return nvc
+
+
+@functools.cache
+def ptxas_for(capability: int = 90) -> Tool:
+    """The ptxas this Triton uses for ``sm_<capability>``."""
+    nvc = _nvidia_compiler_module()
+    get_ptxas = getattr(nvc, "get_ptxas", None)
+    if get_ptxas is not None:
+        params = inspect.signature(get_ptxas).parameters
+        found = get_ptxas(capability) if params else get_ptxas()
+        path = found[0] if isinstance(found, tuple) else found.path
+    else:
+        path, _ = nvc._path_to_binary("ptxas")
+    return _tool(path)
+
+
+@functools.cache
+def cuobjdump() -> Tool:
+    """The cuobjdump bundled with this Triton (or named by ``TRITON_CUOBJDUMP_PATH``)."""
+    _require()
+    import triton.backends.nvidia as nv
+
+    override = os.environ.get("TRITON_CUOBJDUMP_PATH")
+    path = Path(override) if override else Path(nv.__file__).parent / "bin" / "cuobjdump"
+    return _tool(path)
+
+
+class ToolError(RuntimeError):
+    """A bundled CUDA tool (ptxas, cuobjdump) failed; ``log`` holds what it printed."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(f"{message}\n{log}")
+        self.log = log
+
+
+def ptx_target(ptx: str) -> str:
+    """The ``.target`` of a PTX module (``sm_90a``)."""
+    match = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.MULTILINE)
+    if match is None:
+        raise ValueError("PTX has no .target directive")
+    return match.group(1)
+
+
+def assemble(ptx: str, *, capability: int = 90, num_warps: int = 4, enable_fp_fusion: bool = True) -> bytes:
+    """Assemble PTX to a cubin the way this Triton assembles its own kernels.
+
+    Goes through the NVIDIA backend's ``make_cubin`` so the rewritten kernel gets the same ptxas, the
+    same flags and the same workarounds as the original (3.9, for instance, adds
+    ``--regAllocOptLevel=2``). Raises ``ToolError`` with ptxas's log when it rejects the PTX.
+    """
+    _require()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", capability, 32))
+    options = backend.parse_options({"num_warps": num_warps, "enable_fp_fusion": enable_fp_fusion})
+    metadata: dict[str, Any] = {}
+    try:
+        return bytes(backend.make_cubin(ptx, metadata, options, capability))
+    except (
+        Exception
+    ) as exc:  # RuntimeError up to 3.2, PTXASError (a TritonError) from 3.3; both carry the log
+        raise ToolError(f"ptxas {ptxas_for(capability).release} rejected the PTX", str(exc)) from exc
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS text of a cubin, from this Triton's cuobjdump."""
+    tool = cuobjdump()
+    with tempfile.TemporaryDirectory(prefix="grace-cuobjdump-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        done = subprocess.run(
+            [os.fspath(tool.path), "-sass", os.fspath(path)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise ToolError(f"cuobjdump {tool.release} exited with {done.returncode}", done.stderr)
+        return done.stdout
+
+
+def load_cubin(name: str, cubin: bytes, shared: int, device: int) -> tuple[int, int]:
+    """Load a cubin through Triton's driver utilities: ``(CUmodule, CUfunction)`` as integers.
+
+    Triton's loader also opts the function into more than 48 KiB of dynamic shared memory when the
+    kernel needs it. Needs a GPU.
+    """
+    _require()
+    from triton.runtime.driver import driver
+
+    loaded = driver.active.utils.load_binary(name, cubin, shared, device)
+    return int(loaded[0]), int(loaded[1])
+
+
+def libdevice() -> Any:
+    """Triton's libdevice module (``exp``, ``rsqrt``...), for kernels that call it."""
+    _require()
+    import triton.language.extra.libdevice as ld
+
+    return ld
+
+
+# --- Inductor's compiled kernels --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocatedKernel:
+    """A Triton kernel held by an Inductor ``CachingAutotuner``: its CUfunction, PTX and signature."""
+
+    autotuner: str
+    name: str
+    function: int
+    ptx: str | None
+    arg_names: tuple[str, ...]
+    signature: dict[str, str]
+    shared: int
+    num_warps: int
+    enable_fp_fusion: bool
+    equal_to_1: tuple[str, ...]
+    ptx_source: str  # where the PTX came from: "asm", "cache" or "" when none was found
+
+
+def _compiled_kernels(autotuner: Any) -> list[Any]:
+    """The ``CompiledKernel``-like objects behind an autotuner's launchers, across torch releases."""
+    found: list[Any] = []
+    for launcher in getattr(autotuner, "launchers", None) or []:
+        globals_ = getattr(launcher, "__globals__", {})
+        if "bin" in globals_:  # torch 2.4-2.6: launchers close over the CompiledKernel as `bin`
+            found.append(globals_["bin"])
+            continue
+        for attr in ("bin", "kernel"):
+            if hasattr(launcher, attr):
+                found.append(getattr(launcher, attr))
+                break
+    for result in getattr(autotuner, "compile_results", None) or []:  # torch 2.7+
+        kernel = getattr(result, "kernel", None)
+        if kernel is not None and all(kernel is not k for k in found):
+            found.append(kernel)
+    return found
+
+
+def _kernel_ptx(kernel: Any) -> tuple[str | None, str]:
+    """PTX of a compiled kernel: its ``asm`` (a Triton ``CompiledKernel``), else the Triton cache.
+
+    Inductor's static launcher (torch 2.8+) keeps neither asm nor, once loaded, its cubin path; the
+    Triton cache directory still holds ``<name>.ptx`` next to the cubin, under the kernel's hash.
+    """
+    asm = getattr(kernel, "asm", None)
+    if isinstance(asm, Mapping) and asm.get("ptx"):
+        return str(asm["ptx"]), "asm"
+    name = getattr(kernel, "name", None) or getattr(getattr(kernel, "metadata", None), "name", None)
+    for path in _cache_candidates(kernel, name):
+        if path.is_file():
+            return path.read_text(), "cache"
+    return None, ""
+
+
+def _cache_candidates(kernel: Any, name: str | None) -> list[Path]:
+    candidates: list[Path] = []
+    for attr in ("cubin_path", "_cubin_path"):
+        value = getattr(kernel, attr, None)
+        if value:
+            candidates.append(Path(str(value)).with_suffix(".ptx"))
+    digest = getattr(kernel, "hash", None)
+    if not digest or not name:
+        return candidates
+    keys = [str(digest)]
+    for encoder in ("_base32", "_base64"):  # the cache key encodings of successive Triton releases
+        try:
+            import triton.runtime.cache as triton_cache
+
+            keys.insert(0, getattr(triton_cache, encoder)(str(digest)))
+        except Exception:
+            continue
+    roots: list[Path] = []
+    if os.environ.get("TRITON_CACHE_DIR"):
+        roots.append(Path(os.environ["TRITON_CACHE_DIR"]))
+    try:  # where Inductor points Triton's cache (torch 2.8+)
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+        device = getattr(kernel, "device", None)
+        for index in dict.fromkeys([device if isinstance(device, int) else 0, 0]):
+            roots.append(Path(triton_cache_dir(index)))
+    except Exception:
+        pass
+    roots.append(Path.home() / ".triton" / "cache")
+    for root in dict.fromkeys(roots):
+        for key in keys:
+            candidates.append(root / key / f"{name}.ptx")
+    return candidates
+
+
+def _function_handle(kernel: Any) -> int:
+    for attr in ("function", "cu_function"):
+        value = getattr(kernel, attr, None)
+        if value:
+            return int(value)
+    return 0
+
+
+def _field(meta: Any, key: str, default: Any = None) -> Any:
+    if isinstance(meta, Mapping):
+        return meta.get(key, default)
+    return getattr(meta, key, default)
+
+
+def locate_inductor_kernels(module_globals: Mapping[str, Any]) -> list[LocatedKernel]:
+    """Every compiled Triton kernel held by a ``CachingAutotuner`` among an Inductor module's globals."""
+    located: list[LocatedKernel] = []
+    for gname, value in module_globals.items():
+        if type(value).__name__ != "CachingAutotuner":
+            continue
+        fn = getattr(value, "fn", None)
+        arg_names = tuple(getattr(fn, "arg_names", ()) or ())
+        triton_meta = getattr(value, "triton_meta", {}) or {}
+        signature = dict(triton_meta.get("signature", {}))
+        equal_to_1 = tuple(_equal_to_1_names(triton_meta, arg_names))
+        for kernel in _compiled_kernels(value):
+            ptx, source = _kernel_ptx(kernel)
+            meta = getattr(kernel, "metadata", {})
+            located.append(
+                LocatedKernel(
+                    autotuner=gname,
+                    name=str(_field(meta, "name", getattr(fn, "__name__", gname))),
+                    function=_function_handle(kernel),
+                    ptx=ptx,
+                    arg_names=arg_names,
+                    signature=signature,
+                    shared=int(getattr(kernel, "shared", None) or _field(meta, "shared", 0) or 0),
+                    num_warps=int(getattr(kernel, "num_warps", None) or _field(meta, "num_warps", 4) or 4),
+                    enable_fp_fusion=bool(_field(meta, "enable_fp_fusion", True)),
+                    equal_to_1=equal_to_1,
+                    ptx_source=source,
+                )
+            )
+    return located
+
+
+def _equal_to_1_names(triton_meta: Mapping[str, Any], arg_names: tuple[str, ...]) -> list[str]:
+    """Arguments an Inductor kernel specialised as 1 (3.0-3.2 descriptors; 3.3+ puts them in constants)."""
+    names: list[str] = []
+    for config in triton_meta.get("configs", ()) or ():
+        indices: Collection[int] = ()
+        if dataclasses.is_dataclass(config) and hasattr(config, "equal_to_1"):
+            indices = config.equal_to_1
+        elif hasattr(config, "arg_properties"):
+            indices = config.arg_properties.get("tt.equal_to", ())
+        names.extend(arg_names[i] for i in indices if isinstance(i, int) and i < len(arg_names))
+    return names

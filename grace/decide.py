@@ -1,0 +1,330 @@
+"""The deciding call of a graph slot: capture the variants, check them, time them, keep one.
+
+Problem: the first call after warm-up must turn a slot into its steady state without ever returning a
+wrong result or applying the callable's side effects twice, and it must leave no memory behind for the
+variants it drops.
+
+Design (one call, on the caller's real inputs):
+1. capture the graph-with-copies variant and, when PI is enabled and usable, a second graph that
+   ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``);
+2. run the no-graph callable as the reference, then each graph variant, restoring mutated inputs before
+   each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is also
+   checked on copies of the inputs at new addresses;
+3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
+   candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
+   are not timed (timing would repeat the side effects): they keep the best graph variant;
+4. release the dropped graphs, bind the slot's steady run function, return the chosen variant's output.
+
+Invariant: every exit path leaves the slot in a steady state (graph variant or no graph with a reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grace.capture import CaptureContext, CapturedGraph, CaptureError, capture_graph, dense_view, summary_hook
+from grace.reasons import SkipCode, SkipReason, log_once
+from grace.scg import (
+    Decision,
+    DecisionSource,
+    Variant,
+    choose,
+    decision_cache,
+    medians,
+    outputs_match,
+    time_variants,
+)
+
+if TYPE_CHECKING:
+    from grace.runner import GraphSlot
+
+logger = logging.getLogger(__name__)
+
+_GRAPH_PREFERENCE = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
+
+
+def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
+    runner = slot.runner
+    record = slot.record
+    mutated = sorted(slot.mutated)
+    snapshot = {i: args[i].clone() for i in mutated}
+
+    def restore() -> None:
+        for i, saved in snapshot.items():
+            dense_view(args[i]).copy_(dense_view(saved))
+
+    graphs = _capture_variants(slot, args, mutated)
+
+    restore()
+    reference = runner.compiled(*args)
+    reference_state = [args[i].clone() for i in mutated]
+    checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
+    candidates = [Variant.NO_GRAPH]
+    for variant, graph in list(graphs.items()):
+        problem = _check_variant(slot, variant, graph, args, reference, reference_state, mutated, restore)
+        checks[variant.value] = problem or "pass"
+        if problem is None:
+            candidates.append(variant)
+        else:
+            code = (
+                SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
+            )
+            record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
+            graph.release()
+            del graphs[variant]
+
+    decision = _choose(slot, args, graphs, candidates, checks, bool(mutated))
+    for variant, graph in graphs.items():
+        if variant != decision.variant:
+            graph.release()
+    record.decision = decision
+    slot.decision = decision
+    if decision.variant == Variant.NO_GRAPH:
+        if len(candidates) > 1:
+            detail = ", ".join(f"{k} {v:.4f} ms" for k, v in decision.medians_ms.items())
+            record.add_skip(SkipReason(SkipCode.SCG_SLOWER, f"no graph is fastest ({detail})"))
+        slot.set_no_graph(None)
+        if not mutated:
+            record.calls += 1
+            return reference
+        restore()
+        return slot.run(args)
+
+    chosen = graphs[decision.variant]
+    slot.graph = chosen
+    record.variant = decision.variant
+    record.copy_bytes_per_replay = _copied_bytes(chosen, decision.variant)
+    record.copy_launches_per_replay = _copy_launches(chosen, decision.variant)
+    slot.run = slot._run_pi if decision.variant == Variant.GRAPH_PI else slot._run_copies
+    restore()
+    return slot.run(args)
+
+
+def _capture_variants(
+    slot: GraphSlot, args: Sequence[Any], mutated: list[int]
+) -> dict[Variant, CapturedGraph]:
+    runner = slot.runner
+    plan = runner.plan
+    record = slot.record
+    device = plan.device
+    assert device is not None
+    graphs: dict[Variant, CapturedGraph] = {}
+
+    sink: dict[str, Any] = {}
+    try:
+        graphs[Variant.GRAPH_COPIES] = capture_graph(
+            runner.compiled,
+            args,
+            device=device,
+            dynamic_indices=plan.dynamic_indices,
+            static_indices=plan.static_indices,
+            mutated_indices=mutated,
+            hooks=[summary_hook(sink)],
+        )
+    except CaptureError as exc:
+        _decline(slot, exc.reason)
+        return graphs
+    summary = sink.get("summary")
+    if summary is not None:
+        record.kernel_nodes = summary.kernel_nodes
+        record.launch_nodes = sum(summary.by_type.get(t, 0) for t in ("kernel", "memset", "memcpy"))
+        record.node_types = dict(summary.by_type)
+    elif "summary_error" in sink:
+        logger.debug("grace: no node counts for %s: %s", record.graph_id, sink["summary_error"])
+
+    if not runner.options.pi:
+        return graphs
+    if plan.pi_prepare is None:
+        if plan.pi_unavailable is not None:
+            record.add_skip(plan.pi_unavailable)
+        return graphs
+    if not plan.dynamic_indices:
+        record.add_skip(SkipReason(SkipCode.PI_NO_DYNAMIC_INPUTS, "every tensor input is static"))
+        return graphs
+
+    holder: dict[str, Any] = {}
+    prepare = plan.pi_prepare
+
+    def pi_hook(handle: int, placeholders: Any) -> None:
+        ctx = CaptureContext(
+            graph_handle=handle,
+            placeholders=dict(placeholders),
+            dynamic_input_indices=plan.dynamic_indices,
+            compiled=runner.compiled,
+            output_codes=plan.output_codes,
+            device=device,
+            example_inputs=tuple(args),
+        )
+        try:
+            holder["result"] = prepare(ctx)
+        except Exception as exc:  # a PI failure must only cost PI
+            holder["result"] = SkipReason(SkipCode.PI_FAILED, f"prepare raised {type(exc).__name__}: {exc}")
+
+    try:
+        pi_graph = capture_graph(
+            runner.compiled,
+            args,
+            device=device,
+            dynamic_indices=plan.dynamic_indices,
+            static_indices=plan.static_indices,
+            mutated_indices=mutated,
+            hooks=[pi_hook],
+        )
+    except CaptureError as exc:
+        record.add_skip(SkipReason(SkipCode.PI_FAILED, f"capture for PI: {exc.reason}"))
+        return graphs
+    result = holder.get("result")
+    if result is None or isinstance(result, SkipReason):
+        reason = (
+            result
+            if isinstance(result, SkipReason)
+            else SkipReason(SkipCode.PI_FAILED, "prepare returned nothing")
+        )
+        record.add_skip(reason)
+        log_once(reason, f"graph {record.graph_id} (PI)")
+        pi_graph.release()
+        return graphs
+    pi_graph.pi_plan = result
+    record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
+    record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
+    graphs[Variant.GRAPH_PI] = pi_graph
+    return graphs
+
+
+def _decline(slot: GraphSlot, reason: SkipReason) -> None:
+    slot.record.add_skip(reason)
+    log_once(reason, f"graph {slot.record.graph_id} ({slot.signature_text})")
+
+
+def _run_variant(slot: GraphSlot, variant: Variant, graph: CapturedGraph, args: Sequence[Any]) -> Any:
+    if variant == Variant.GRAPH_PI:
+        return graph.run_with_pi(args, False)
+    return graph.run_with_copies(args, False)
+
+
+def _check_variant(
+    slot: GraphSlot,
+    variant: Variant,
+    graph: CapturedGraph,
+    args: Sequence[Any],
+    reference: Any,
+    reference_state: list[torch.Tensor],
+    mutated: list[int],
+    restore: Callable[[], None],
+) -> str | None:
+    if not slot.runner.options.check_numerics:
+        return None
+    restore()
+    try:
+        out = _run_variant(slot, variant, graph, args)
+        torch.cuda.synchronize(graph.device)
+    except Exception as exc:
+        return f"replay failed: {type(exc).__name__}: {exc}"
+    problem = outputs_match(reference, out)
+    if problem is None and mutated:
+        problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input")
+    if problem is None and variant == Variant.GRAPH_PI and not mutated:
+        # PI must follow inputs to new addresses: run again on copies of the dynamic inputs.
+        moved = list(args)
+        for i in slot.runner.plan.dynamic_indices:
+            moved[i] = args[i].clone(memory_format=torch.preserve_format)
+        try:
+            out_moved = _run_variant(slot, variant, graph, moved)
+            torch.cuda.synchronize(graph.device)
+        except Exception as exc:
+            return f"replay failed at new input addresses: {type(exc).__name__}: {exc}"
+        problem = outputs_match(reference, out_moved, "output at new input addresses")
+        if graph.pi_plan is not None:
+            graph.pi_plan.update(args)
+    return problem
+
+
+def _choose(
+    slot: GraphSlot,
+    args: Sequence[Any],
+    graphs: dict[Variant, CapturedGraph],
+    candidates: list[Variant],
+    checks: dict[str, str],
+    mutates: bool,
+) -> Decision:
+    runner = slot.runner
+    options = runner.options
+    if len(candidates) == 1:
+        return Decision(Variant.NO_GRAPH, DecisionSource.ONLY_CANDIDATE, numeric_checks=checks)
+    best_graph = next(v for v in _GRAPH_PREFERENCE if v in candidates)
+    if not options.scg:
+        return Decision(best_graph, DecisionSource.SCG_OFF, numeric_checks=checks)
+    if mutates:
+        return Decision(best_graph, DecisionSource.NOT_PROFILED_MUTATION, numeric_checks=checks)
+    previous = slot.decision
+    if (
+        previous is not None
+        and previous.variant in candidates
+        and previous.source != DecisionSource.ONLY_CANDIDATE
+    ):
+        return previous
+    key = runner.decision_key(slot, candidates)
+    cache = decision_cache(options.resolved_cache_dir()) if (options.persist_decisions and key) else None
+    if cache is not None and key is not None:
+        entry = cache.lookup(key)
+        if entry is not None:
+            try:
+                variant = Variant(entry["variant"])
+            except (KeyError, ValueError):
+                variant = Variant.PENDING
+            if variant in candidates:
+                return Decision(
+                    variant,
+                    DecisionSource.CACHE,
+                    medians_ms=dict(entry.get("medians_ms", {})),
+                    numeric_checks=checks,
+                    key=key.digest,
+                )
+    runs: dict[Variant, Callable[[], Any]] = {Variant.NO_GRAPH: lambda: runner.compiled(*args)}
+    for variant, graph in graphs.items():
+        if variant in candidates:
+            runs[variant] = _bound_run(slot, variant, graph, args)
+    samples = time_variants(
+        runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
+    )
+    med = medians(samples)
+    decision = Decision(
+        choose(med),
+        DecisionSource.PROFILED,
+        medians_ms={v.value: m for v, m in med.items()},
+        samples_ms={v.value: tuple(s) for v, s in samples.items()},
+        numeric_checks=checks,
+        key=key.digest if key else None,
+    )
+    if cache is not None and key is not None:
+        cache.store(key, decision)
+    return decision
+
+
+def _bound_run(
+    slot: GraphSlot, variant: Variant, graph: CapturedGraph, args: Sequence[Any]
+) -> Callable[[], Any]:
+    def run() -> Any:
+        return _run_variant(slot, variant, graph, args)
+
+    return run
+
+
+def _copied_bytes(graph: CapturedGraph, variant: Variant) -> int:
+    if variant == Variant.GRAPH_PI and graph.pi_plan is not None:
+        uncovered = set(graph.pi_plan.uncovered_indices)
+        return sum(dense_view(graph.placeholders[i]).nbytes for i in graph.copy_indices if i in uncovered)
+    return graph.copy_bytes
+
+
+def _copy_launches(graph: CapturedGraph, variant: Variant) -> int:
+    indices: Sequence[int] = graph.copy_indices
+    if variant == Variant.GRAPH_PI and graph.pi_plan is not None:
+        uncovered = set(graph.pi_plan.uncovered_indices)
+        indices = [i for i in indices if i in uncovered]
+    copies = 1 if len(indices) > 1 and hasattr(torch, "_foreach_copy_") else len(indices)
+    return copies + len([i for i in graph.mutated_indices if i in indices])

@@ -1,0 +1,132 @@
+"""User-facing options of the grace backend.
+
+Problem: options reach the backend three ways (``grace.compile(model, options)``,
+``torch.compile(model, backend="grace", options={...})`` and defaults), and each technique must be
+switchable on its own for ablations (``grace-cgct``, ``grace-cgct-pi``).
+
+Design: one frozen dataclass, ``GraceOptions``; every field is declared once with its default and its
+documentation; ``GraceOptions.from_value`` turns a mapping or ``None`` into an instance and rejects
+unknown keys with the list of valid ones. Options are immutable so that a compiled callable's behaviour
+cannot change behind its back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CACHE_DIR_ENV = "GRACE_CACHE_DIR"
+
+
+class GraceOptionsError(ValueError):
+    """An option has an invalid value or name; the message says which and what is accepted."""
+
+
+@dataclass(frozen=True)
+class GraceOptions:
+    """Options of the grace backend.
+
+    Attributes:
+        cuda_graphs: capture Inductor's output in CUDA graphs at all. False runs Inductor alone.
+        cgct: apply CUDA-graph-aware code transformation (``grace.cgct``) before Inductor.
+        pi: try parameter indirection (``grace.pi``) so that replays do not copy inputs.
+        scg: selective CUDA graphs: time the variants and keep the fastest one. False always keeps a
+            graph when one could be captured and passed its numeric check (PI if it works, else copies).
+        scg_samples: timed samples per variant (median taken); at least 3.
+        scg_warmup: untimed runs per variant before the samples.
+        cache_dir: directory of the persistent SCG decision cache; None uses ``$GRACE_CACHE_DIR`` or
+            the user cache directory (``$XDG_CACHE_HOME/grace`` or ``~/.cache/grace``).
+        persist_decisions: read and write SCG decisions in ``cache_dir``.
+        clone_outputs: return clones of graph outputs. Without it, outputs live in the graph's memory
+            pool and the next replay of the same graph overwrites them (as with PyTorch's cudagraph
+            trees): clone what you keep across calls, or set this.
+        max_graphs_per_callable: bound on graphs kept per compiled callable, one per input signature
+            (shapes, strides, dtypes, integer inputs); the least recently used one is released.
+        warmup_calls: calls run without a graph before the first capture of a signature.
+        check_numerics: compare each graph variant's outputs with the no-graph outputs once, before
+            keeping it. Turning this off is unsafe and only meant for debugging.
+        max_recaptures: times a graph is re-captured because a static input (parameter, buffer)
+            moved to a new address before giving up on graphs for that signature.
+    """
+
+    cuda_graphs: bool = True
+    cgct: bool = True
+    pi: bool = True
+    scg: bool = True
+    scg_samples: int = 15
+    scg_warmup: int = 2
+    cache_dir: str | None = None
+    persist_decisions: bool = True
+    clone_outputs: bool = False
+    max_graphs_per_callable: int = 8
+    warmup_calls: int = 1
+    check_numerics: bool = True
+    max_recaptures: int = 3
+
+    def __post_init__(self) -> None:
+        for name in (
+            "cuda_graphs",
+            "cgct",
+            "pi",
+            "scg",
+            "persist_decisions",
+            "clone_outputs",
+            "check_numerics",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")
+        minimums = {
+            "scg_samples": 3,
+            "scg_warmup": 0,
+            "max_graphs_per_callable": 1,
+            "warmup_calls": 0,
+            "max_recaptures": 0,
+        }
+        for name, low in minimums.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise GraceOptionsError(f"GraceOptions.{name} must be an int >= {low}, got {value!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise GraceOptionsError(f"GraceOptions.cache_dir must be a path or None, got {self.cache_dir!r}")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_value(cls, value: GraceOptions | Mapping[str, Any] | None) -> GraceOptions:
+        """Accept an instance, a mapping of field names (as ``torch.compile(options=...)`` passes) or None."""
+        if value is None:
+            return cls()
+        if isinstance(value, GraceOptions):
+            return value
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - set(cls.field_names()))
+            if unknown:
+                raise GraceOptionsError(
+                    f"unknown grace option(s) {unknown}; valid options are {list(cls.field_names())}"
+                )
+            return cls(**dict(value))
+        raise GraceOptionsError(
+            f"grace options must be GraceOptions, a mapping or None, got {type(value).__name__}"
+        )
+
+    def replace(self, **changes: Any) -> GraceOptions:
+        return dataclasses.replace(self, **changes)
+
+    def resolved_cache_dir(self) -> Path:
+        """The directory that holds persistent decisions (not created here)."""
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        env = os.environ.get(CACHE_DIR_ENV)
+        if env:
+            return Path(env)
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "grace"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.field_names()}

@@ -1,0 +1,84 @@
+"""The device pointer table of parameter indirection and its per-replay update.
+
+Problem: rewritten kernels read each input's address from an 8-byte slot of a device table; before a
+replay the slots must hold the addresses of this call's inputs, written without racing the replays
+still queued on the stream, and with as few bytes and API calls as possible.
+
+Design: the table is one int64 device tensor; slot ``k`` lives at ``address(k)`` (8-byte aligned, the
+alignment the rewritten parameter declarations claim; the tensor itself is 256-byte aligned). A write
+packs the slot values into one of a ring of pinned host buffers and issues one asynchronous
+host-to-device copy on the current stream, ordered before the replay that follows. The ring entry's
+event is recorded after the copy; an entry is reused only once its event has completed, so a queued
+copy never reads a buffer being rewritten. A write with the same values as the previous one issues
+nothing: the device already holds them.
+
+Invariant: bytes copied per replay are ``8 * slots`` at most (``bytes_per_copy``), zero when unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+SLOT_BYTES = 8
+RING = 8
+
+
+class PointerTable:
+    def __init__(self, slots: int, device: Any) -> None:
+        import torch
+
+        self.slots = slots
+        self.device_table = torch.empty(max(slots, 1), dtype=torch.int64, device=device)
+        self._ring: list[Any] = []  # pinned buffers and events are made on the first write, never
+        self._events: list[Any] = []  # during a capture (torch without keep_graph prepares PI inside one)
+        self._recorded = [False] * RING
+        self._next = 0
+        self._last: tuple[int, ...] | None = None
+        self._format = struct.Struct(f"<{slots}Q")
+        self.copies = 0
+        self.skipped = 0
+
+    @property
+    def bytes_per_copy(self) -> int:
+        return SLOT_BYTES * self.slots
+
+    def address(self, slot: int) -> int:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} of a table with {self.slots}")
+        return int(self.device_table.data_ptr()) + SLOT_BYTES * slot
+
+    def write(self, values: Sequence[int]) -> bool:
+        """Make the device slots hold ``values`` before the next replay; True when a copy was issued."""
+        current = tuple(values)
+        if len(current) != self.slots:
+            raise ValueError(f"{len(current)} values for {self.slots} slots")
+        if current == self._last:
+            self.skipped += 1
+            return False
+        if not self._ring:
+            import torch
+
+            self._ring = [
+                torch.empty(max(self.slots, 1), dtype=torch.int64, pin_memory=True) for _ in range(RING)
+            ]
+            self._events = [torch.cuda.Event() for _ in range(RING)]
+        k = self._next
+        self._next = (k + 1) % RING
+        if self._recorded[k]:
+            self._events[k].synchronize()
+        host = self._ring[k]
+        packed = self._format.pack(*current)
+        ctypes.memmove(host.data_ptr(), packed, len(packed))
+        self.device_table[: self.slots].copy_(host[: self.slots], non_blocking=True)
+        self._events[k].record()
+        self._recorded[k] = True
+        self._last = current
+        self.copies += 1
+        return True
+
+    def forget(self) -> None:
+        """Force the next write to copy (after something else may have changed the device table)."""
+        self._last = None

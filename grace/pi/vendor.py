@@ -1,0 +1,237 @@
+"""The vendor path of parameter indirection: kernels grace cannot rewrite (cuBLAS) updated on the device.
+
+Problem: a cuBLAS kernel node cannot be recompiled; its argument block (launched through ``extra``)
+holds the input addresses, several times, also inside TMA descriptors (DESIGN.md 3.4). A replay that
+must read moved inputs needs those bytes changed before the kernel runs.
+
+Design: the scan (grace.pi.scan) found every 8-byte match of an input in the node's parameter bytes.
+Each such node is marked device-updatable, which yields a device-side node handle. One prelude kernel,
+compiled with NVRTC as relocatable device code and loaded with ``cuModuleLoadData`` (the driver resolves
+its call into the device runtime), is added to the graph as a root with an edge to every patched node.
+On every replay it reads the current slot values from the pointer table and applies them with
+``cudaGraphKernelNodeUpdatesApply``: the patched kernels see the new addresses in the same launch.
+
+Invariants:
+- A node is patched only at offsets where the scan found an input; every use of an input must be
+  patched for the input to be served by PI (grace.pi.plan enforces it).
+- The numerics of the patched kernels must be checked against eager (TMA descriptor layout is not
+  documented); the runner does, after the inputs move.
+- A graph with device-updatable nodes is instantiated once and never updated with
+  ``cudaGraphExecUpdate``; CUDA documents ``cuGraphUpload`` before such a launch, which the runner
+  (owner of the executable graph) must do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import logging
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PRELUDE_NAME = "grace_pi_prelude"
+# NVRTC declares the device runtime (cudaGraphKernelNodeUpdate, cudaGraphKernelNodeUpdatesApply, CUDA
+# 12.4+); the update struct is 40 bytes: node at 0, field at 8, {pValue, offset, size} at 16.
+PRELUDE_SOURCE = r"""
+struct grace_update_spec { unsigned long long node; unsigned long long offset; unsigned long long slot; };
+
+extern "C" __global__ void grace_pi_prelude(
+    const grace_update_spec* specs, unsigned int count, const unsigned long long* table,
+    cudaGraphKernelNodeUpdate* scratch, int* status)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (unsigned int i = 0; i < count; ++i) {
+        scratch[i].node = (cudaGraphDeviceNode_t)specs[i].node;
+        scratch[i].field = cudaGraphKernelNodeFieldParam;
+        scratch[i].updateData.param.pValue = &table[specs[i].slot];
+        scratch[i].updateData.param.offset = specs[i].offset;
+        scratch[i].updateData.param.size = 8;
+    }
+    *status = (int)cudaGraphKernelNodeUpdatesApply(scratch, count);
+}
+"""
+UPDATE_STRUCT_SIZE = 40
+SPEC_STRUCT = struct.Struct("<QQQ")
+
+
+class VendorError(RuntimeError):
+    """The vendor path could not be set up; ``stage`` is vendor_match or vendor_update."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+@functools.cache
+def _nvrtc() -> Any:
+    errors = []
+    for name in ("cuda.bindings.nvrtc", "cuda.nvrtc"):
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:
+            errors.append(f"{name}: {exc}")
+    raise VendorError("vendor_update", "NVRTC bindings unavailable: " + "; ".join(errors))
+
+
+def _nvrtc_check(name: str, result: Any) -> Any:
+    nvrtc = _nvrtc()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != int(nvrtc.nvrtcResult.NVRTC_SUCCESS):
+        raise VendorError("vendor_update", f"{name} failed: {err}")
+    return values[0] if len(values) == 1 else values
+
+
+def compile_prelude(capability: int) -> bytes:
+    """PTX of the prelude, relocatable device code for ``compute_<capability>``."""
+    nvrtc = _nvrtc()
+    program = _nvrtc_check(
+        "nvrtcCreateProgram",
+        nvrtc.nvrtcCreateProgram(PRELUDE_SOURCE.encode(), b"grace_pi_prelude.cu", 0, [], []),
+    )
+    options = [f"--gpu-architecture=compute_{capability}".encode(), b"-rdc=true"]
+    result = nvrtc.nvrtcCompileProgram(program, len(options), options)
+    if int(result[0]) != int(nvrtc.nvrtcResult.NVRTC_SUCCESS):
+        size = _nvrtc_check("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(program))
+        log = b" " * size
+        _nvrtc_check("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(program, log))
+        raise VendorError("vendor_update", f"NVRTC rejected the prelude: {log.decode(errors='replace')}")
+    size = _nvrtc_check("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(program))
+    ptx = b" " * size
+    _nvrtc_check("nvrtcGetPTX", nvrtc.nvrtcGetPTX(program, ptx))
+    return ptx
+
+
+_prelude_functions: dict[int, int] = {}
+
+
+# Newest PTX ISA each CUDA driver release reads (CUDA's PTX release notes): an NVRTC newer than the
+# driver emits a .version the driver rejects; the prelude uses nothing newer than 8.4.
+_PTX_ISA_OF_DRIVER = (
+    (13020, "9.2"),
+    (13010, "9.1"),
+    (13000, "9.0"),
+    (12090, "8.8"),
+    (12080, "8.7"),
+    (12060, "8.5"),
+    (12050, "8.5"),
+    (12040, "8.4"),
+)
+
+
+def _lower_ptx_version(ptx: bytes) -> bytes | None:
+    from grace.compat import cuda as cuda_compat
+
+    version = cuda_compat.driver_version()
+    isa = next((v for release, v in _PTX_ISA_OF_DRIVER if version is not None and version >= release), None)
+    if isa is None:
+        return None
+    text = ptx.decode()
+    lowered = re.sub(r"^\.version\s+\d+\.\d+", f".version {isa}", text, count=1, flags=re.MULTILINE)
+    return lowered.encode() if lowered != text else None
+
+
+def prelude_function(capability: int) -> int:
+    """The loaded prelude ``CUfunction`` (compiled and loaded once per process and capability)."""
+    from grace.pi import driver
+
+    if capability not in _prelude_functions:
+        ptx = compile_prelude(capability)
+        try:
+            loaded = driver.load_kernel(ptx, PRELUDE_NAME)
+        except Exception as exc:
+            lowered = _lower_ptx_version(ptx)
+            if lowered is None:
+                raise VendorError(
+                    "vendor_update", f"loading the prelude: {type(exc).__name__}: {exc}"
+                ) from exc
+            try:
+                loaded = driver.load_kernel(lowered, PRELUDE_NAME)
+            except Exception as again:
+                raise VendorError(
+                    "vendor_update",
+                    f"loading the prelude: {type(exc).__name__}: {exc}; with an older .version: {again}",
+                ) from again
+        _prelude_functions[capability] = loaded.function
+    return _prelude_functions[capability]
+
+
+@dataclass(frozen=True)
+class VendorPatch:
+    """Where a vendor node reads an input: its device handle and the byte offset in its parameters."""
+
+    node: int
+    offset: int
+    slot: int
+
+
+@dataclass
+class VendorSetup:
+    """Device memory and the prelude node that serve the patched vendor nodes (kept alive by the plan)."""
+
+    prelude_node: int
+    specs: Any  # torch tensor holding the update specs
+    scratch: Any  # torch tensor the prelude builds its update array in
+    status: Any  # torch tensor receiving cudaGraphKernelNodeUpdatesApply's result
+    params: Any  # the ParamBuffer the prelude node was added with
+    patches: tuple[VendorPatch, ...]
+
+
+def install(
+    graph: int,
+    patches: Sequence[tuple[int, int, int]],
+    table_address: int,
+    device: Any,
+    capability: int,
+) -> VendorSetup:
+    """Mark the nodes of ``patches`` (node, byte offset, slot) device-updatable and add the prelude."""
+    import torch
+
+    from grace.pi import driver
+
+    if not patches:
+        raise VendorError("vendor_match", "no vendor node to patch")
+    function = prelude_function(capability)
+    handles: dict[int, int] = {}
+    try:
+        for node, _, _ in patches:
+            if node not in handles:
+                handles[node] = driver.make_device_updatable(node)
+    except Exception as exc:
+        raise VendorError(
+            "vendor_update", f"device-updatable attribute: {type(exc).__name__}: {exc}"
+        ) from exc
+    resolved = tuple(VendorPatch(handles[node], offset, slot) for node, offset, slot in patches)
+    packed = b"".join(SPEC_STRUCT.pack(p.node, p.offset, p.slot) for p in resolved)
+    specs = torch.frombuffer(bytearray(packed), dtype=torch.uint8).to(device)
+    scratch = torch.empty(UPDATE_STRUCT_SIZE * len(resolved), dtype=torch.uint8, device=device)
+    status = torch.full((1,), -1, dtype=torch.int32, device=device)
+    params = driver.ParamBuffer(
+        [
+            struct.pack("<Q", specs.data_ptr()),
+            struct.pack("<I", len(resolved)),
+            struct.pack("<Q", table_address),
+            struct.pack("<Q", scratch.data_ptr()),
+            struct.pack("<Q", status.data_ptr()),
+        ]
+    )
+    try:
+        prelude = driver.add_kernel_node(graph, function, (1, 1, 1), (1, 1, 1), params)
+        driver.add_dependencies(graph, prelude, sorted(handles))
+    except Exception as exc:
+        raise VendorError("vendor_update", f"adding the prelude node: {type(exc).__name__}: {exc}") from exc
+    return VendorSetup(prelude, specs, scratch, status, params, resolved)
+
+
+def prelude_status(setup: VendorSetup) -> int:
+    """What ``cudaGraphKernelNodeUpdatesApply`` returned in the last replay (0 is success, -1 never ran)."""
+    return int(setup.status.item())
+
+
+def pointer_bytes(value: int) -> bytes:
+    return ctypes.c_uint64(value).value.to_bytes(8, "little")

@@ -1,0 +1,315 @@
+"""The graph runner: what ``torch.compile(backend="grace")`` returns to Dynamo for one FX graph.
+
+Problem: one compiled callable is called with many inputs. Each input signature (shapes, strides,
+dtypes of the dynamic tensors, values of integer inputs) needs its own CUDA graph, graphs must be
+bounded in number, and for each of them one of three variants runs: no graph, graph with input copies,
+graph with parameter indirection (PI). Nothing may produce a wrong result: not a new shape, not an
+input at a new address, not a parameter that moved, not a failed capture.
+
+Design: ``GraceRunner`` keys ``GraphSlot`` objects by signature in an LRU ``OrderedDict``. A slot goes
+through warm-up calls (run without a graph on grace's capture stream; input mutations detected by
+version counters, added to those the FX graph shows), then one deciding call (capture the variants,
+check each against the no-graph output on the caller's inputs, time them unless a persisted decision
+exists, keep one, release the others), then steady calls through one bound function per variant. Any
+failure turns the slot into a no-graph slot with the reason recorded in its ``GraphStats``.
+
+Invariants:
+- a slot's graph is used only for inputs with its signature and while its static inputs have the
+  addresses they had at capture (checked on every replay; a move re-captures, bounded);
+- on a deciding call of a callable that mutates its inputs, mutated inputs are restored before each
+  extra run, so the call applies its side effects exactly once;
+- the runner returns exactly the structure the compiled callable returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grace import stats as grace_stats
+from grace.capture import CaptureContext, CapturedGraph, run_on_side_stream
+from grace.options import GraceOptions
+from grace.reasons import SkipCode, SkipReason, log_once
+from grace.scg import Decision, DecisionKey, Variant
+
+logger = logging.getLogger(__name__)
+
+PIPrepare = Callable[[CaptureContext], Any]  # returns a PIPlan or a SkipReason
+
+
+@dataclass(frozen=True)
+class RunnerPlan:
+    """What the backend learned about one compiled callable's inputs."""
+
+    graph_hash: str
+    device: torch.device | None
+    static_indices: tuple[int, ...]
+    dynamic_indices: tuple[int, ...]
+    scalar_indices: tuple[int, ...]
+    mutated_indices: tuple[int, ...] = ()
+    skip: SkipReason | None = None
+    output_codes: tuple[Any, ...] = ()
+    input_adapter: Callable[[list[Any]], list[Any]] | None = None
+    pi_prepare: PIPrepare | None = None
+    pi_unavailable: SkipReason | None = None
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The parts of a decision key that do not depend on the graph."""
+
+    gpu: str
+    driver: str
+    cuda_runtime: str
+    torch: str
+    triton: str
+
+
+def _versions_of(args: Sequence[Any]) -> list[int | None]:
+    out: list[int | None] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            try:
+                out.append(a._version)
+            except RuntimeError:  # inference tensors track no version
+                out.append(None)
+        else:
+            out.append(None)
+    return out
+
+
+class GraphSlot:
+    """One input signature of one callable: its state, its graph and its stats record."""
+
+    def __init__(self, runner: GraceRunner, signature_text: str) -> None:
+        self.runner = runner
+        device = runner.plan.device
+        self.record = grace_stats.new_record(
+            runner.callable_id, runner.plan.graph_hash, signature_text, str(device) if device else "none"
+        )
+        self.warmups_left = runner.options.warmup_calls
+        self.mutated: set[int] = set(runner.plan.mutated_indices)
+        self.graph: CapturedGraph | None = None
+        self.decision: Decision | None = None
+        self.run: Callable[[Sequence[Any]], Any] = self._run_warmup
+        self.signature_text = signature_text
+
+    # --- steady states ---------------------------------------------------------------------
+
+    def _run_no_graph(self, args: Sequence[Any]) -> Any:
+        self.record.calls += 1
+        return self.runner.compiled(*args)
+
+    def _run_copies(self, args: Sequence[Any]) -> Any:
+        graph = self.graph
+        assert graph is not None
+        if graph.static_indices and not graph.static_inputs_unmoved(args):
+            return self._static_moved(args)
+        self.record.calls += 1
+        self.record.graph_calls += 1
+        try:
+            return graph.run_with_copies(args, self.runner.options.clone_outputs)
+        except Exception as exc:
+            return self._replay_failed(args, exc)
+
+    def _run_pi(self, args: Sequence[Any]) -> Any:
+        graph = self.graph
+        assert graph is not None
+        if graph.static_indices and not graph.static_inputs_unmoved(args):
+            return self._static_moved(args)
+        self.record.calls += 1
+        self.record.graph_calls += 1
+        try:
+            return graph.run_with_pi(args, self.runner.options.clone_outputs)
+        except Exception as exc:
+            return self._replay_failed(args, exc)
+
+    # --- transitions -----------------------------------------------------------------------
+
+    def _run_warmup(self, args: Sequence[Any]) -> Any:
+        if self.warmups_left <= 0:
+            return self._decide(args)
+        self.warmups_left -= 1
+        self.record.calls += 1
+        before = _versions_of(args)
+        device = self.runner.plan.device
+        assert device is not None
+        out = run_on_side_stream(self.runner.compiled, args, device)
+        after = _versions_of(args)
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            if b is not None and a is not None and a != b:
+                self.mutated.add(i)
+        return out
+
+    def set_no_graph(self, reason: SkipReason | None) -> None:
+        if reason is not None:
+            self.record.add_skip(reason)
+            log_once(reason, f"graph {self.record.graph_id} ({self.signature_text})")
+        self.release_graph()
+        self.record.variant = Variant.NO_GRAPH
+        self.run = self._run_no_graph
+
+    def release_graph(self) -> None:
+        if self.graph is not None:
+            self.graph.release()
+            self.graph = None
+
+    def release(self) -> None:
+        self.release_graph()
+        self.record.released = True
+        self.run = self._run_released
+
+    def _run_released(self, args: Sequence[Any]) -> Any:
+        # A released slot (grace.reset) starts over as a fresh one on its next call.
+        self.record.released = False
+        self.warmups_left = self.runner.options.warmup_calls
+        self.run = self._run_warmup
+        return self.run(args)
+
+    def _replay_failed(self, args: Sequence[Any], exc: Exception) -> Any:
+        self.set_no_graph(SkipReason(SkipCode.REPLAY_FAILED, f"{type(exc).__name__}: {exc}"))
+        return self._run_no_graph(args)
+
+    def _static_moved(self, args: Sequence[Any]) -> Any:
+        self.record.recaptures += 1
+        if self.record.recaptures > self.runner.options.max_recaptures:
+            self.set_no_graph(
+                SkipReason(
+                    SkipCode.TOO_MANY_RECAPTURES,
+                    f"static inputs (parameters/buffers) moved {self.record.recaptures} times",
+                )
+            )
+            return self._run_no_graph(args)
+        self.record.add_skip(SkipReason(SkipCode.STATIC_INPUT_MOVED, "re-captured after a parameter moved"))
+        self.release_graph()
+        return self._decide(args)
+
+    def _decide(self, args: Sequence[Any]) -> Any:
+        from grace.decide import decide
+
+        with self.runner.lock:
+            return decide(self, args)
+
+
+class GraceRunner:
+    """The callable Dynamo gets back for one FX graph."""
+
+    _next_id = 0
+
+    def __init__(
+        self,
+        compiled: Callable[..., Any],
+        plan: RunnerPlan,
+        options: GraceOptions,
+        environment: Environment | None,
+    ) -> None:
+        GraceRunner._next_id += 1
+        self.callable_id = GraceRunner._next_id
+        self.compiled = compiled
+        self.plan = plan
+        self.options = options
+        self.environment = environment
+        self.lock = threading.RLock()
+        self.slots: OrderedDict[Any, GraphSlot] = OrderedDict()
+        self._adapter = plan.input_adapter
+        self._skip_record: grace_stats.GraphStats | None = None
+        if plan.skip is not None:
+            record = grace_stats.new_record(
+                self.callable_id, plan.graph_hash, "*", str(plan.device) if plan.device else "none"
+            )
+            record.variant = Variant.NO_GRAPH
+            record.add_skip(plan.skip)
+            log_once(plan.skip, f"compiled graph {plan.graph_hash}")
+            self._skip_record = record
+        _live_runners.add(self)
+
+    def signature(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        parts: list[Any] = []
+        for i in self.plan.dynamic_indices:
+            t = args[i]
+            parts.append((t.shape, t.stride(), t.dtype))
+        for i in self.plan.scalar_indices:
+            parts.append((type(args[i]), args[i]))
+        return tuple(parts)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._adapter is not None:
+            args = tuple(self._adapter(list(args)))
+        record = self._skip_record
+        if record is not None:
+            record.calls += 1
+            return self.compiled(*args)
+        key = self.signature(args)
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self._new_slot(key)
+        else:
+            self.slots.move_to_end(key)
+        return slot.run(args)
+
+    def _new_slot(self, key: tuple[Any, ...]) -> GraphSlot:
+        with self.lock:
+            slot = GraphSlot(self, describe_signature(key))
+            self.slots[key] = slot
+            while len(self.slots) > self.options.max_graphs_per_callable:
+                _, evicted = self.slots.popitem(last=False)
+                evicted.release()
+            return slot
+
+    def release(self) -> None:
+        """Release every graph and pool; slots start over on their next call."""
+        with self.lock:
+            for slot in self.slots.values():
+                slot.release()
+
+    def reset(self) -> None:
+        with self.lock:
+            for slot in self.slots.values():
+                slot.release()
+            self.slots.clear()
+
+    def decision_key(self, slot: GraphSlot, candidates: Sequence[Variant]) -> DecisionKey | None:
+        env = self.environment
+        if env is None:
+            return None
+        return DecisionKey(
+            graph_hash=self.plan.graph_hash,
+            signature=slot.signature_text,
+            gpu=env.gpu,
+            driver=env.driver,
+            cuda_runtime=env.cuda_runtime,
+            torch=env.torch,
+            triton=env.triton,
+            candidates=tuple(v.value for v in candidates),
+        )
+
+
+def describe_signature(key: tuple[Any, ...]) -> str:
+    """A readable, stable text of a signature (also the decision cache's signature field)."""
+    parts = []
+    for part in key:
+        if len(part) == 3:
+            shape, stride, dtype = part
+            parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)}/{list(stride)}")
+        else:
+            kind, value = part
+            parts.append(f"{kind.__name__}={value!r}")
+    return ";".join(parts)
+
+
+_live_runners: weakref.WeakSet[GraceRunner] = weakref.WeakSet()
+
+
+def release_all() -> int:
+    """Release the graphs of every live runner; returns how many runners there were."""
+    runners = list(_live_runners)
+    for runner in runners:
+        runner.reset()
+    return len(runners)

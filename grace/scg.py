@@ -1,0 +1,313 @@
+"""Selective CUDA graphs: time the variants of a graph slot, keep the fastest correct one, remember it.
+
+Problem: a CUDA graph removes launch overhead but PyTorch2-CG copies every dynamic input before each
+replay; for large inputs and few kernels the copy costs more than the launches it saves (DESIGN 4: 64x1M
+input, 0.107 ms without a graph, 0.271 ms with one). The paper decides from one timed sample per
+variant, keeps nothing across runs and ignores shapes.
+
+Design: ``time_variants`` runs every candidate on the caller's real inputs, interleaved and rotated,
+with a device synchronisation before each sample so every sample starts from an idle GPU, measures with
+CUDA events and keeps the raw samples; ``choose`` takes the smallest median. ``outputs_match`` is the
+numeric check against the no-graph output. ``DecisionCache`` persists decisions as versioned JSON keyed
+by ``DecisionKey`` (graph hash, input signature, GPU, driver, CUDA runtime, torch, Triton, candidates);
+a new key, or a stored variant that is not a candidate now, means re-deciding.
+
+Invariants: a variant that failed its numeric check is never a candidate; a decision file written by
+another format version is neither read nor overwritten.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DECISIONS_FORMAT = "grace-scg-decisions"
+DECISIONS_FORMAT_VERSION = 1
+DECISIONS_FILE = "scg-decisions.json"
+
+
+class Variant(str, enum.Enum):
+    """How a graph slot runs its compiled callable."""
+
+    PENDING = "pending"
+    NO_GRAPH = "no_graph"
+    GRAPH_COPIES = "graph_copies"
+    GRAPH_PI = "graph_pi"
+
+    @property
+    def uses_graph(self) -> bool:
+        return self in (Variant.GRAPH_COPIES, Variant.GRAPH_PI)
+
+
+class DecisionSource(str, enum.Enum):
+    PROFILED = "profiled"
+    CACHE = "cache"
+    ONLY_CANDIDATE = "only_candidate"
+    SCG_OFF = "scg_off"
+    NOT_PROFILED_MUTATION = "not_profiled_mutation"
+
+
+@dataclass(frozen=True)
+class DecisionKey:
+    """Everything a timing decision depends on; ``digest`` is the cache key."""
+
+    graph_hash: str
+    signature: str
+    gpu: str
+    driver: str
+    cuda_runtime: str
+    torch: str
+    triton: str
+    candidates: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        payload = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Decision:
+    variant: Variant
+    source: DecisionSource
+    medians_ms: Mapping[str, float] = field(default_factory=dict)
+    samples_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    numeric_checks: Mapping[str, str] = field(default_factory=dict)
+    key: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant.value,
+            "source": self.source.value,
+            "medians_ms": dict(self.medians_ms),
+            "samples_ms": {k: list(v) for k, v in self.samples_ms.items()},
+            "numeric_checks": dict(self.numeric_checks),
+            "key": self.key,
+        }
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+
+def time_variants(
+    runs: Mapping[Variant, Callable[[], Any]],
+    *,
+    samples: int,
+    warmup: int,
+    device: Any,
+) -> dict[Variant, list[float]]:
+    """Milliseconds per run of each variant: interleaved, rotated, CUDA events, GPU idle at each start."""
+    import torch
+
+    order = list(runs)
+    for variant in order:
+        for _ in range(warmup):
+            runs[variant]()
+    torch.cuda.synchronize(device)
+    events: dict[Variant, list[tuple[Any, Any]]] = {v: [] for v in order}
+    for sample in range(samples):
+        shift = sample % len(order)
+        for variant in order[shift:] + order[:shift]:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            runs[variant]()
+            end.record()
+            events[variant].append((start, end))
+    torch.cuda.synchronize(device)
+    return {v: [float(s.elapsed_time(e)) for s, e in pairs] for v, pairs in events.items()}
+
+
+def medians(samples: Mapping[Variant, Sequence[float]]) -> dict[Variant, float]:
+    return {v: float(statistics.median(s)) for v, s in samples.items() if s}
+
+
+def choose(medians_ms: Mapping[Variant, float]) -> Variant:
+    """The variant with the smallest median; ties go to the earlier variant in ``Variant`` order."""
+    if not medians_ms:
+        raise ValueError("choose() needs at least one timed variant")
+    rank = {v: i for i, v in enumerate(Variant)}
+    return min(medians_ms, key=lambda v: (medians_ms[v], rank[v]))
+
+
+# --- numeric check -----------------------------------------------------------------------------
+
+# (rtol, atol) per dtype: a graph replays the same kernels, so differences come only from
+# non-deterministic reductions (atomics, split-K); these bounds are far below a wrong result.
+_TOLERANCES: dict[str, tuple[float, float]] = {
+    "torch.float64": (1e-7, 1e-9),
+    "torch.float32": (1e-4, 1e-5),
+    "torch.float16": (1e-2, 1e-3),
+    "torch.bfloat16": (2e-2, 1e-2),
+}
+
+
+def outputs_match(reference: Any, candidate: Any, path: str = "output") -> str | None:
+    """None when ``candidate`` equals ``reference`` within tolerance, else what differs."""
+    import torch
+
+    if isinstance(reference, torch.Tensor) or isinstance(candidate, torch.Tensor):
+        if not (isinstance(reference, torch.Tensor) and isinstance(candidate, torch.Tensor)):
+            return f"{path}: type {type(reference).__name__} vs {type(candidate).__name__}"
+        if reference.shape != candidate.shape or reference.dtype != candidate.dtype:
+            return (
+                f"{path}: {tuple(reference.shape)}/{reference.dtype} "
+                f"vs {tuple(candidate.shape)}/{candidate.dtype}"
+            )
+        if reference.dtype.is_floating_point or reference.dtype.is_complex:
+            rtol, atol = _TOLERANCES.get(str(reference.dtype), (1e-2, 1e-2))
+            ok = torch.allclose(
+                reference, candidate.to(reference.device), rtol=rtol, atol=atol, equal_nan=True
+            )
+            if not ok:
+                diff = (reference.double() - candidate.double().to(reference.device)).abs()
+                diff = torch.nan_to_num(diff, nan=math.inf)
+                return f"{path}: max abs difference {float(diff.max()):.3g} (rtol {rtol}, atol {atol})"
+            return None
+        if not torch.equal(reference, candidate.to(reference.device)):
+            return f"{path}: integer/bool values differ"
+        return None
+    if isinstance(reference, (list, tuple)) and isinstance(candidate, (list, tuple)):
+        if len(reference) != len(candidate):
+            return f"{path}: {len(reference)} vs {len(candidate)} items"
+        for i, (r, c) in enumerate(zip(reference, candidate, strict=True)):
+            problem = outputs_match(r, c, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if reference != candidate:
+        return f"{path}: {reference!r} vs {candidate!r}"
+    return None
+
+
+# --- persistent decisions ----------------------------------------------------------------------
+
+
+class DecisionCache:
+    """Decisions of one cache directory: read once, merged and replaced atomically on each store."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / DECISIONS_FILE
+        self._lock = threading.Lock()
+        self._entries: dict[str, dict[str, Any]] | None = None
+        self._foreign = False  # the file exists in another format: neither read nor write it
+
+    def _read_file(self) -> dict[str, dict[str, Any]]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            logger.warning("grace: cannot read SCG decisions %s (%s); deciding again", self.path, exc)
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError:
+            logger.warning(
+                "grace: %s is not valid JSON; deciding again (delete it to start afresh)", self.path
+            )
+            return {}
+        if not isinstance(data, dict) or data.get("format") != DECISIONS_FORMAT:
+            logger.warning("grace: %s is not a grace decision file; ignoring it", self.path)
+            self._foreign = True
+            return {}
+        version = data.get("format_version")
+        if version != DECISIONS_FORMAT_VERSION:
+            logger.warning(
+                "grace: %s has decision format version %r, this grace reads %d; ignoring it "
+                "(upgrade grace or delete the file)",
+                self.path,
+                version,
+                DECISIONS_FORMAT_VERSION,
+            )
+            self._foreign = True
+            return {}
+        decisions = data.get("decisions", {})
+        return decisions if isinstance(decisions, dict) else {}
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        if self._entries is None:
+            self._entries = self._read_file()
+        return self._entries
+
+    def lookup(self, key: DecisionKey) -> dict[str, Any] | None:
+        with self._lock:
+            entry = self._load().get(key.digest)
+        if entry is None or entry.get("key_fields") != _json_roundtrip(asdict(key)):
+            return None
+        return entry
+
+    def store(self, key: DecisionKey, decision: Decision) -> None:
+        entry = {
+            "variant": decision.variant.value,
+            "medians_ms": {k: v for k, v in decision.medians_ms.items()},
+            "samples": {k: len(v) for k, v in decision.samples_ms.items()},
+            "key_fields": _json_roundtrip(asdict(key)),
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        with self._lock:
+            self._load()[key.digest] = entry
+            if self._foreign:
+                return
+            merged = self._read_file()
+            if self._foreign:
+                return
+            merged.update(self._entries or {})
+            self._entries = merged
+            self._write(merged)
+
+    def _write(self, decisions: dict[str, dict[str, Any]]) -> None:
+        payload = {
+            "format": DECISIONS_FORMAT,
+            "format_version": DECISIONS_FORMAT_VERSION,
+            "decisions": decisions,
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".scg-", suffix=".json", dir=self.path.parent)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(payload, handle, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            logger.warning(
+                "grace: cannot write SCG decisions to %s (%s); they stay in memory", self.path, exc
+            )
+
+
+def _json_roundtrip(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+_caches: dict[str, DecisionCache] = {}
+_caches_lock = threading.Lock()
+
+
+def decision_cache(directory: Path) -> DecisionCache:
+    """The shared ``DecisionCache`` of ``directory``."""
+    key = str(Path(directory).resolve())
+    with _caches_lock:
+        cache = _caches.get(key)
+        if cache is None:
+            cache = _caches[key] = DecisionCache(Path(directory))
+        return cache
+
+
+def forget_caches() -> None:
+    """Drop in-memory copies (the files stay); the next lookup reads the file again."""
+    with _caches_lock:
+        _caches.clear()

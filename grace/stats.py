@@ -1,0 +1,162 @@
+"""Per-graph facts of the grace runtime, for users, ``grace.explain`` and the suites.
+
+Problem: whether grace helped is only visible in numbers: how many kernels sit in a graph, how many
+graph and kernel launches one call costs, how many bytes each replay copies, which variant SCG chose and
+the medians behind that choice, and why a graph was declined.
+
+Design: one ``GraphStats`` record per (compiled callable, input signature), created by the runner and
+kept in a process-wide registry. The runner updates plain counters on its hot path (an integer add);
+``snapshot()`` derives the per-call figures and returns JSON-ready dicts with documented keys;
+``reset()`` empties the registry. ``fallback_counts()`` counts skip reasons by code over the process.
+
+``reset()`` zeroes counters so a suite can measure one phase.
+
+Invariant: a snapshot is a copy: callers may keep or change it without touching the live records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from grace.reasons import SkipReason
+from grace.scg import Decision, Variant
+
+
+@dataclass
+class GraphStats:
+    """Live record of one graph slot (one callable, one input signature)."""
+
+    graph_id: str
+    callable_id: int
+    graph_hash: str
+    signature: str
+    device: str
+    variant: Variant = Variant.PENDING
+    kernel_nodes: int | None = None
+    launch_nodes: int | None = None  # kernel, memset and memcpy nodes: launches a no-graph call makes
+    node_types: dict[str, int] = field(default_factory=dict)
+    copy_bytes_per_replay: int = 0
+    copy_launches_per_replay: int = 0
+    pi_bytes_per_replay: int | None = None
+    pi_stages: list[tuple[str, str, str]] = field(default_factory=list)
+    decision: Decision | None = None
+    skip_reasons: list[SkipReason] = field(default_factory=list)
+    calls: int = 0
+    graph_calls: int = 0
+    copy_fallback_calls: int = 0
+    recaptures: int = 0
+    released: bool = False
+
+    def add_skip(self, reason: SkipReason) -> None:
+        if reason not in self.skip_reasons:
+            self.skip_reasons.append(reason)
+        _count_fallback(reason)
+
+    def kernel_launches_per_call(self) -> int | None:
+        """Launches (kernels, memsets, memcpys) outside any graph in one steady-state call."""
+        if self.variant in (Variant.NO_GRAPH, Variant.PENDING):
+            return self.launch_nodes
+        return self.copy_launches_per_replay
+
+    def graph_launches_per_call(self) -> float:
+        if self.calls == 0:
+            return 0.0
+        return self.graph_calls / self.calls
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph_id": self.graph_id,
+            "callable_id": self.callable_id,
+            "graph_hash": self.graph_hash,
+            "signature": self.signature,
+            "device": self.device,
+            "variant": self.variant.value,
+            "kernel_nodes": self.kernel_nodes,
+            "node_types": dict(self.node_types),
+            "calls": self.calls,
+            "graph_launches": self.graph_calls,
+            "graph_launches_per_call": self.graph_launches_per_call(),
+            "steady_graph_launches_per_call": 1 if self.variant.uses_graph else 0,
+            "kernel_launches_per_call": self.kernel_launches_per_call(),
+            "copy_bytes_per_replay": self.copy_bytes_per_replay if self.variant.uses_graph else 0,
+            "pi_bytes_per_replay": self.pi_bytes_per_replay,
+            "pi_stages": [list(s) for s in self.pi_stages],
+            "copy_fallback_calls": self.copy_fallback_calls,
+            "recaptures": self.recaptures,
+            "decision": self.decision.to_dict() if self.decision is not None else None,
+            "skip_reasons": [r.to_dict() for r in self.skip_reasons],
+            "released": self.released,
+        }
+
+
+_lock = threading.Lock()
+_records: dict[str, GraphStats] = {}
+_fallbacks: Counter[str] = Counter()
+_next_id = 0
+
+
+def new_record(callable_id: int, graph_hash: str, signature: str, device: str) -> GraphStats:
+    """Create and register the record of a new graph slot."""
+    global _next_id
+    with _lock:
+        _next_id += 1
+        record = GraphStats(
+            graph_id=f"g{callable_id}.{_next_id}",
+            callable_id=callable_id,
+            graph_hash=graph_hash,
+            signature=signature,
+            device=device,
+        )
+        _records[record.graph_id] = record
+    return record
+
+
+def _count_fallback(reason: SkipReason) -> None:
+    with _lock:
+        _fallbacks[reason.code.value] += 1
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """One dict per graph slot seen since the last ``reset()``.
+
+    Keys: graph_id, callable_id, graph_hash, signature, device, variant (``no_graph``, ``graph_copies``,
+    ``graph_pi``, ``pending``), kernel_nodes (None when unknown), node_types, calls, graph_launches,
+    graph_launches_per_call (over all calls, warm-up included), steady_graph_launches_per_call,
+    kernel_launches_per_call (launches outside graphs in a steady call), copy_bytes_per_replay,
+    pi_bytes_per_replay, pi_stages, copy_fallback_calls, recaptures, decision (variant, source,
+    medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
+    """
+    with _lock:
+        records = list(_records.values())
+    return [r.to_dict() for r in records]
+
+
+def fallback_counts() -> dict[str, int]:
+    """How often each skip reason code was recorded since the last ``reset()``."""
+    with _lock:
+        return dict(_fallbacks)
+
+
+def reset() -> None:
+    """Zero the call counters of live graph slots, forget released ones and the fallback counts.
+
+    Facts about live graphs (variant, decision, kernel counts, skip reasons) stay: they still hold.
+    """
+    with _lock:
+        for key in [k for k, r in _records.items() if r.released]:
+            del _records[key]
+        for record in _records.values():
+            record.calls = 0
+            record.graph_calls = 0
+            record.copy_fallback_calls = 0
+        _fallbacks.clear()
+
+
+def forget_all() -> None:
+    """Drop every record (``grace.reset`` after releasing all graphs)."""
+    with _lock:
+        _records.clear()
+        _fallbacks.clear()

@@ -1,0 +1,99 @@
+"""The ``grace-matrix`` command line: a thin shell over typed functions.
+
+Problem: people and scripts drive the matrix from a terminal and from CI; both need the same commands,
+machine-readable output for scripts, and failures that say what to fix in one line with an exit status
+that a CI step can act on.
+
+Design: each subcommand lives in ``matrix/commands/<name>.py`` (listed in ``COMMAND_MODULES``) and only
+parses arguments, calls a typed function and prints. Every subcommand parser is a ``CommandParser``,
+which adds the common options (``--db``, ``--config``, ``--json``, ``-v``), so they work after the
+subcommand name. ``main`` is the only place that prints errors.
+
+Invariants: exit status 0 ok, 1 regression found or user error, 2 usage or configuration error; a
+``MatrixError`` or a database error never shows a traceback (``-v`` adds the log, not the trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from matrix.commands import COMMAND_MODULES
+from matrix.errors import MatrixError
+
+logger = logging.getLogger(__name__)
+
+PROG = "grace-matrix"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand parser with the common options; a module may redefine any of them."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("conflict_handler", "resolve")
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        common = self.add_argument_group("common options")
+        common.add_argument(
+            "--db",
+            metavar="URL",
+            default=None,
+            help="store URL (default: GRACE_MATRIX_DB, else SQLite at .grace-matrix/store.sqlite)",
+        )
+        common.add_argument(
+            "--config",
+            metavar="PATH",
+            default=None,
+            help="the matrix file (default: GRACE_MATRIX_CONFIG, else ./matrix.toml)",
+        )
+        common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Compatibility and regression matrix of grace over PyTorch x Triton x CUDA.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"matrix.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from matrix.store.db import default_url, describe_error
+
+    try:
+        return int(args.handler(args))
+    except MatrixError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except SQLAlchemyError as exc:
+        print(f"{PROG}: error: {describe_error(args.db or default_url(), exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `grace-matrix ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Printing for the CLI: aligned text tables for people, JSON for scripts (the only printing code)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    cells = [[_text(row.get(col)) for col in columns] for row in rows]
+    widths = [max([len(col), *(len(r[i]) for r in cells)]) for i, col in enumerate(columns)]
+    print("  ".join(col.ljust(w) for col, w in zip(columns, widths, strict=True)).rstrip())
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def info(message: str) -> None:
+    """A progress or result line for people; on stderr so that ``--json`` output stays parseable."""
+    print(message, file=sys.stderr)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)

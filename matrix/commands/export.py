@@ -1,0 +1,55 @@
+"""``grace-matrix export``: runs of the store as versioned JSON lines (to move or commit results)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from matrix.commands._output import info, print_json
+from matrix.errors import ConfigError
+from matrix.store.db import open_store
+from matrix.transfer import RunFilter, export_jsonl
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("export", help="write runs as JSON lines")
+    parser.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
+    parser.add_argument("--run", action="append", default=[], help="only this run uid (repeatable)")
+    parser.add_argument("--label", action="append", default=[], help="only runs with this label (repeatable)")
+    parser.add_argument("--cell", action="append", default=[], help="only runs of this cell id (repeatable)")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    Session = open_store(args.db)
+    run_filter = RunFilter(uids=args.run, labels=args.label, cells=args.cell)
+    with Session() as session:
+        if args.output == "-":
+            counts = export_jsonl(session, sys.stdout, run_filter)
+        else:
+            target = Path(args.output)
+            if not target.parent.is_dir():
+                raise ConfigError(f"--output {target}: directory {target.parent} does not exist")
+            # Written beside the target and renamed: an interrupted export leaves no half file.
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    counts = export_jsonl(session, out, run_filter, progress=sys.stderr.isatty())
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    summary = {
+        "runs": counts.get("run", 0),
+        "rows": sum(n for k, n in counts.items() if k not in ("run", "header")),
+    }
+    if args.output != "-":
+        if args.json:
+            print_json({**summary, "output": args.output})
+        else:
+            info(f"grace-matrix: exported {summary['runs']} runs, {summary['rows']} rows to {args.output}")
+    return 0

@@ -1,0 +1,267 @@
+"""Read what regression detection and the dashboards need from the results store, and nothing else.
+
+Problem: the store can hold hundreds of thousands of results; building an ORM object per row (and
+decoding every raw-sample array) would make the morning dashboard slow.
+
+Design: column selects (SQLAlchemy Core through the session) into the plain values of
+``matrix.regressions.observations``. Raw samples are decoded only for the runs being compared; history
+uses the stored median (computed from the samples only for rows that lack one).
+
+Invariant: read-only; callers own the session and its transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from matrix.regressions.observations import (
+    PASSING_STATUS,
+    Observation,
+    PerfSample,
+    ResultKey,
+    RunInfo,
+    Suite,
+    cell_key,
+)
+from matrix.regressions.pairwise import PerfKey
+from matrix.regressions.status import Expectation
+from matrix.store.models import (
+    Cell,
+    CorrectnessResult,
+    ExpectedStatus,
+    PerformanceResult,
+    PIStageResult,
+    Run,
+    TestOutcome,
+    Workload,
+)
+
+_CHUNK = 500  # bound the number of bound parameters of one IN (...)
+
+
+def _chunks(values: Collection[int]) -> Iterable[list[int]]:
+    items = sorted(values)
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime:
+    """SQLite hands back naive datetimes; the store writes UTC, so say so."""
+    if value is None:
+        return dt.datetime.fromtimestamp(0, dt.timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
+
+def load_runs(session: Session) -> list[RunInfo]:
+    """Every run with its cell, oldest first."""
+    stmt = (
+        select(
+            Run.id,
+            Run.uid,
+            Run.started_at,
+            Run.status,
+            Run.label,
+            Run.git_sha,
+            Run.host,
+            Run.message,
+            Cell.cell_id,
+            Cell.kind,
+            Cell.torch_version,
+            Cell.triton_version,
+            Cell.cuda_runtime,
+            Cell.gpu_name,
+        )
+        .join(Cell, Run.cell_pk == Cell.id)
+        .order_by(Run.started_at, Run.id)
+    )
+    return [
+        RunInfo(
+            pk=row.id,
+            uid=row.uid,
+            cell_id=row.cell_id,
+            cell_key=cell_key(row.cell_id, row.gpu_name),
+            kind=row.kind,
+            torch_version=row.torch_version,
+            triton_version=row.triton_version,
+            cuda_runtime=row.cuda_runtime,
+            gpu_name=row.gpu_name,
+            started_at=_aware(row.started_at),
+            status=row.status,
+            label=row.label,
+            git_sha=row.git_sha,
+            host=row.host,
+            message=row.message,
+        )
+        for row in session.execute(stmt)
+    ]
+
+
+def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, list[Observation]]:
+    """Status of every correctness, performance and PI result of the given runs."""
+    found: dict[int, list[Observation]] = defaultdict(list)
+    for chunk in _chunks(run_pks):
+        for model, suite in ((CorrectnessResult, Suite.CORRECTNESS), (PerformanceResult, Suite.PERFORMANCE)):
+            stmt = (
+                select(model.run_pk, Workload.name, model.mode, model.status, model.nodeid, model.reason)
+                .join(Workload, model.workload_pk == Workload.id)
+                .where(model.run_pk.in_(chunk))
+            )
+            for run_pk, name, mode, status, nodeid, reason in session.execute(stmt):
+                found[run_pk].append(
+                    Observation(ResultKey(suite, name, mode), status, nodeid or "", reason or "")
+                )
+        pi = select(
+            PIStageResult.run_pk,
+            PIStageResult.subject,
+            PIStageResult.stage,
+            PIStageResult.status,
+            PIStageResult.nodeid,
+            PIStageResult.message,
+        ).where(PIStageResult.run_pk.in_(chunk))
+        for run_pk, subject, stage, status, nodeid, message in session.execute(pi):
+            found[run_pk].append(
+                Observation(ResultKey(Suite.PI, subject, stage), status, nodeid or "", message or "")
+            )
+    return dict(found)
+
+
+def _median(samples: Any) -> float | None:
+    values = [float(v) for v in samples or ()]
+    return statistics.median(values) if values else None
+
+
+def load_perf_samples(session: Session, run_pks: Collection[int]) -> dict[int, dict[PerfKey, PerfSample]]:
+    """Raw samples of the successful performance results of the given runs."""
+    ok = PASSING_STATUS[Suite.PERFORMANCE]
+    found: dict[int, dict[PerfKey, PerfSample]] = defaultdict(dict)
+    for chunk in _chunks(run_pks):
+        stmt = (
+            select(
+                PerformanceResult.run_pk,
+                Workload.name,
+                Workload.code_hash,
+                PerformanceResult.mode,
+                PerformanceResult.samples_ms,
+                PerformanceResult.median_ms,
+                PerformanceResult.nodeid,
+            )
+            .join(Workload, PerformanceResult.workload_pk == Workload.id)
+            .where(PerformanceResult.run_pk.in_(chunk), PerformanceResult.status == ok)
+        )
+        for run_pk, name, code_hash, mode, samples, median, nodeid in session.execute(stmt):
+            values = tuple(float(v) for v in samples or ())
+            median = median if median is not None else _median(values)
+            if median is None:
+                continue
+            found[run_pk][(name, mode)] = PerfSample(
+                name, mode, values, float(median), nodeid or "", code_hash
+            )
+    return dict(found)
+
+
+def load_perf_medians(
+    session: Session, run_pks: Collection[int] | None = None
+) -> dict[int, dict[PerfKey, float]]:
+    """Median latency of every successful performance result (of the given runs, default all)."""
+    ok = PASSING_STATUS[Suite.PERFORMANCE]
+    found: dict[int, dict[PerfKey, float]] = defaultdict(dict)
+    base = (
+        select(
+            PerformanceResult.id,
+            PerformanceResult.run_pk,
+            Workload.name,
+            PerformanceResult.mode,
+            PerformanceResult.median_ms,
+        )
+        .join(Workload, PerformanceResult.workload_pk == Workload.id)
+        .where(PerformanceResult.status == ok)
+    )
+    groups: Iterable[list[int] | None] = [None] if run_pks is None else _chunks(run_pks)
+    lacking: list[int] = []
+    where: dict[int, tuple[int, PerfKey]] = {}
+    for chunk in groups:
+        stmt = base if chunk is None else base.where(PerformanceResult.run_pk.in_(chunk))
+        for pk, run_pk, name, mode, median in session.execute(stmt):
+            if median is None:
+                lacking.append(pk)
+                where[pk] = (run_pk, (name, mode))
+            else:
+                found[run_pk][(name, mode)] = float(median)
+    for chunk in _chunks(lacking):
+        stmt2 = select(PerformanceResult.id, PerformanceResult.samples_ms).where(
+            PerformanceResult.id.in_(chunk)
+        )
+        for pk, samples in session.execute(stmt2):
+            median = _median(samples)
+            if median is not None:
+                run_pk, key = where[pk]
+                found[run_pk][key] = median
+    return dict(found)
+
+
+def load_expectations(session: Session) -> list[Expectation]:
+    rows = session.execute(select(ExpectedStatus).order_by(ExpectedStatus.id)).scalars()
+    return [
+        Expectation(
+            cell_pattern=row.cell_pattern,
+            suite=Suite(row.suite),
+            workload=row.workload,
+            mode=row.mode,
+            status=row.status,
+            flaky=row.flaky,
+            reason=row.reason,
+        )
+        for row in rows
+    ]
+
+
+def load_outcome_counts(session: Session, run_pks: Collection[int]) -> dict[int, Counter[str]]:
+    """pytest outcomes (passed, failed, skipped, error, crashed) counted per run."""
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for chunk in _chunks(run_pks):
+        stmt = select(TestOutcome.run_pk, TestOutcome.outcome).where(TestOutcome.run_pk.in_(chunk))
+        for run_pk, outcome in session.execute(stmt):
+            counts[run_pk][outcome] += 1
+    return dict(counts)
+
+
+@dataclass(frozen=True)
+class PIRow:
+    run_pk: int
+    subject: str
+    stage: str
+    status: str
+    message: str
+    triton_version: str | None
+    nodeid: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def load_pi_rows(session: Session, run_pks: Collection[int]) -> list[PIRow]:
+    rows: list[PIRow] = []
+    for chunk in _chunks(run_pks):
+        stmt = select(
+            PIStageResult.run_pk,
+            PIStageResult.subject,
+            PIStageResult.stage,
+            PIStageResult.status,
+            PIStageResult.message,
+            PIStageResult.triton_version,
+            PIStageResult.nodeid,
+            PIStageResult.details,
+        ).where(PIStageResult.run_pk.in_(chunk))
+        for run_pk, subject, stage, status, message, triton, nodeid, details in session.execute(stmt):
+            rows.append(
+                PIRow(
+                    run_pk, subject, stage, status, message or "", triton, nodeid or "", dict(details or {})
+                )
+            )
+    return rows

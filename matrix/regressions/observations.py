@@ -1,0 +1,112 @@
+"""Plain, store-independent values that regression detection works on.
+
+Problem: detection must be unit-testable on synthetic histories without a database, and the dashboards
+must render from exactly what detection saw.
+
+Design: the loader (``matrix.regressions.loader``) turns store rows into these frozen dataclasses; the
+detectors (``status``, ``pairwise``, ``history``) are pure functions over them.
+
+Invariants:
+- A ``ResultKey`` names one result within a run: suite, workload (a PI subject for the pi suite) and mode
+  (a PI stage for the pi suite).
+- ``CellKey`` groups runs whose performance may be compared: the same matrix cell id on the same GPU.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+CellKey = NewType("CellKey", str)
+
+
+class Suite(str, enum.Enum):
+    CORRECTNESS = "correctness"
+    PERFORMANCE = "performance"
+    PI = "pi"
+
+
+# The status each suite writes for a result that is fine; anything else is a failure except SKIP_STATUS.
+PASSING_STATUS: dict[Suite, str] = {Suite.CORRECTNESS: "pass", Suite.PERFORMANCE: "ok", Suite.PI: "pass"}
+SKIP_STATUS = "skip"
+
+
+def cell_key(cell_id: str, gpu_name: str | None) -> CellKey:
+    return CellKey(f"{cell_id}@{gpu_name or 'no-gpu'}")
+
+
+@dataclass(frozen=True, order=True)
+class ResultKey:
+    suite: Suite
+    workload: str
+    mode: str
+
+    def label(self) -> str:
+        return f"{self.suite.value}:{self.workload}:{self.mode}"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run and the environment of its cell, as the dashboards and detectors need them."""
+
+    pk: int
+    uid: str
+    cell_id: str
+    cell_key: CellKey
+    kind: str
+    torch_version: str | None
+    triton_version: str | None
+    cuda_runtime: str | None
+    gpu_name: str | None
+    started_at: dt.datetime
+    status: str
+    label: str | None = None
+    git_sha: str | None = None
+    host: str | None = None
+    message: str | None = None
+
+    @property
+    def short_uid(self) -> str:
+        return self.uid[:8]
+
+    @property
+    def stack(self) -> str:
+        torch, triton, cuda = self.torch_version or "-", self.triton_version or "-", self.cuda_runtime or "-"
+        return f"torch {torch} / triton {triton} / CUDA {cuda}"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The status of one result of one run, with the pytest node id and the message that explains it."""
+
+    key: ResultKey
+    status: str
+    nodeid: str = ""
+    message: str = ""
+
+    @property
+    def passing(self) -> bool:
+        return self.status == PASSING_STATUS[self.key.suite]
+
+
+@dataclass(frozen=True)
+class PerfSample:
+    """Raw latency samples (ms) of one workload x mode in one run."""
+
+    workload: str
+    mode: str
+    samples_ms: tuple[float, ...]
+    median_ms: float
+    nodeid: str = ""
+    code_hash: str = ""
+
+    @classmethod
+    def from_samples(
+        cls, workload: str, mode: str, samples: Sequence[float], nodeid: str = "", code_hash: str = ""
+    ) -> PerfSample:
+        values = tuple(float(v) for v in samples)
+        return cls(workload, mode, values, statistics.median(values), nodeid, code_hash)

@@ -1,0 +1,153 @@
+"""What the store holds, one line per run: status, stack, outcome counts and record counts.
+
+Problem: after ``nox -s matrix`` a person needs to see at a glance which cells ran, which crashed or
+could not be installed, and how many tests passed, before (or without) the dashboards.
+
+Design: ``summarize`` selects runs (by uid, label or cell; by default the latest run of each cell id),
+counts outcomes and result rows per run with grouped queries (no row is loaded), and returns frozen
+``RunSummary`` values that the CLI prints as a table or JSON.
+
+Invariant: read-only, except that stale runs of this host are first marked crashed
+(``reap_stale_runs``), so a killed run never shows as still running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from matrix.store.access import reap_stale_runs
+from matrix.store.models import (
+    Cell,
+    CorrectnessResult,
+    Diagnostic,
+    PerformanceResult,
+    PIStageResult,
+    Run,
+    TestOutcome,
+)
+
+OUTCOMES = ("passed", "failed", "skipped", "error", "crashed")
+_RECORDS: dict[
+    str, type[CorrectnessResult] | type[PerformanceResult] | type[PIStageResult] | type[Diagnostic]
+] = {
+    "correctness": CorrectnessResult,
+    "performance": PerformanceResult,
+    "pi_stage": PIStageResult,
+    "diagnostic": Diagnostic,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    uid: str
+    cell_id: str
+    kind: str
+    status: str
+    label: str | None
+    torch: str | None
+    triton: str | None
+    cuda: str | None
+    gpu: str | None
+    host: str | None
+    started_at: dt.datetime
+    duration_s: float | None
+    outcomes: dict[str, int]
+    records: dict[str, int]
+    message: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["started_at"] = self.started_at.isoformat()
+        return out
+
+    def row(self) -> dict[str, Any]:
+        """Flat fields for a text table."""
+        return {
+            "cell": self.cell_id,
+            "status": self.status,
+            "torch": self.torch,
+            "triton": self.triton,
+            "gpu": self.gpu or "cpu",
+            **{o: self.outcomes.get(o, 0) for o in OUTCOMES},
+            "records": sum(self.records.values()),
+            "seconds": None if self.duration_s is None else round(self.duration_s),
+            "label": self.label,
+            "message": (self.message or "")[:80] or None,
+        }
+
+
+def summarize(
+    session: Session,
+    uids: Sequence[str] = (),
+    labels: Sequence[str] = (),
+    cells: Sequence[str] = (),
+    latest_only: bool = True,
+) -> list[RunSummary]:
+    """Runs matching the filters (all given filters apply), newest first; by default the latest per cell."""
+    reap_stale_runs(session)
+    stmt = select(Run, Cell).join(Run.cell).order_by(Run.started_at.desc(), Run.id.desc())
+    if uids:
+        stmt = stmt.where(Run.uid.in_(uids))
+    if labels:
+        stmt = stmt.where(Run.label.in_(labels))
+    if cells:
+        stmt = stmt.where(Cell.cell_id.in_(cells))
+    chosen: list[tuple[Run, Cell]] = []
+    seen: set[str] = set()
+    for run, cell in session.execute(stmt).tuples():
+        if latest_only and not uids:
+            if cell.cell_id in seen:
+                continue
+            seen.add(cell.cell_id)
+        chosen.append((run, cell))
+    if not chosen:
+        return []
+    pks = [run.id for run, _ in chosen]
+    outcomes: dict[int, dict[str, int]] = {pk: {} for pk in pks}
+    counts = (
+        select(TestOutcome.run_pk, TestOutcome.outcome, func.count())
+        .where(TestOutcome.run_pk.in_(pks))
+        .group_by(TestOutcome.run_pk, TestOutcome.outcome)
+    )
+    for run_pk, outcome, n in session.execute(counts).tuples():
+        outcomes[run_pk][outcome] = n
+    records: dict[int, dict[str, int]] = {pk: {} for pk in pks}
+    for name, model in _RECORDS.items():
+        grouped = select(model.run_pk, func.count()).where(model.run_pk.in_(pks)).group_by(model.run_pk)
+        for run_pk, n in session.execute(grouped).tuples():
+            records[run_pk][name] = n
+    return [
+        RunSummary(
+            uid=run.uid,
+            cell_id=cell.cell_id,
+            kind=cell.kind,
+            status=run.status,
+            label=run.label,
+            torch=cell.torch_version,
+            triton=cell.triton_version,
+            cuda=cell.cuda_runtime,
+            gpu=cell.gpu_name,
+            host=run.host,
+            started_at=run.started_at,
+            duration_s=_duration(run),
+            outcomes=outcomes[run.id],
+            records=records[run.id],
+            message=run.message,
+        )
+        for run, cell in chosen
+    ]
+
+
+def _duration(run: Run) -> float | None:
+    if run.finished_at is None:
+        return None
+    start, end = run.started_at, run.finished_at
+    if (start.tzinfo is None) != (end.tzinfo is None):  # SQLite returns naive datetimes
+        start, end = start.replace(tzinfo=None), end.replace(tzinfo=None)
+    return (end - start).total_seconds()

@@ -1,0 +1,284 @@
+"""GPU check of parameter indirection: numerics at moved inputs, bytes per replay, timing against pt2cg.
+
+Sections run in priority order within a deadline and the results are rewritten to ``pi_gpu.json`` after
+each one, so a lease that ends early still returns everything measured so far:
+
+1. ``numerics``: each workload through grace with ``scg=False`` (PI kept whenever it passed the runner's
+   own check); then calls on inputs at new addresses with new values, compared with eager; which
+   variant ran, PI's stages, bytes per replay (PI table) against bytes per replay (input copies).
+2. ``timing``: eager, inductor, pt2cg (``mode="reduce-overhead"``), grace with PI forced and grace with
+   SCG, interleaved and rotated; each sample is the mean of ``--iters`` back-to-back calls between CUDA
+   events; inputs alternate between two sets at different addresses (so PI writes its table and pt2cg
+   copies every call). The GPU-busy floor is the summed kernel time of one inductor call (profiler).
+
+Run from the repository root on a CUDA machine: ``python scripts/gpu/pi_gpu_check.py --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from grace.backend import GraceBackend
+from grace.options import GraceOptions
+
+import grace
+
+NUMERIC_WORKLOADS = (
+    "elementwise_64x1m",
+    "seed_elementwise_1m",
+    "pyhpc_equation_of_state",
+    "pyhpc_turbulent_kinetic_energy",
+    "nvidia_deeprecommender",
+    "mlp",
+    "bf16_matmul",
+)
+TIMING_WORKLOADS = (
+    "elementwise_64x1m",
+    "nvidia_deeprecommender",
+    "pyhpc_equation_of_state",
+    "pyhpc_turbulent_kinetic_energy",
+)
+
+
+class _Matmul(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
+def build(name: str) -> tuple[Any, tuple[Any, ...]]:
+    if name == "bf16_matmul":
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(2048, 2048, device="cuda", generator=g).to(torch.bfloat16)
+        b = torch.randn(2048, 2048, device="cuda", generator=g).to(torch.bfloat16)
+        return _Matmul(), (a, b)
+    from suites.workloads import get
+
+    model, inputs = get(name).factory("standard")(torch.device("cuda"), torch.float32)
+    if hasattr(model, "eval"):
+        model = model.eval()
+    return model, tuple(inputs)
+
+
+def moved(inputs: tuple[Any, ...], scale: float) -> tuple[Any, ...]:
+    """The same inputs at new addresses with new values (floats scaled, others copied)."""
+    out = []
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            out.append((t * scale).clone())
+        elif isinstance(t, torch.Tensor):
+            out.append(t.clone())
+        else:
+            out.append(t)
+    return tuple(out)
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flat(v)]
+    return []
+
+
+def compare(got: Any, expected: Any, tol: float) -> dict[str, Any]:
+    a, b = _flat(got), _flat(expected)
+    if len(a) != len(b):
+        return {"ok": False, "why": f"{len(a)} outputs vs {len(b)}"}
+    worst = 0.0
+    ok = True
+    for x, y in zip(a, b, strict=True):
+        x64, y64 = x.detach().double(), y.detach().double()
+        diff = (x64 - y64).abs()
+        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+        ok = ok and bool(torch.allclose(x64, y64, rtol=tol, atol=tol))
+    return {"ok": ok, "max_abs": worst, "tol": tol}
+
+
+def grace_backend(cache_dir: str, **options: Any) -> GraceBackend:
+    return GraceBackend(GraceOptions(cache_dir=cache_dir, **options))
+
+
+def numerics(name: str, cache_dir: str) -> dict[str, Any]:
+    torch._dynamo.reset()
+    grace.reset()
+    model, inputs = build(name)
+    tol = 2e-2 if name == "bf16_matmul" else 1e-3
+    compiled = torch.compile(model, backend=grace_backend(cache_dir, scg=False))
+    checks = []
+    with torch.no_grad():
+        for call, scale in enumerate((1.0, 1.0, 0.5, 1.5, 0.75)):
+            args = inputs if call < 2 else moved(inputs, scale)
+            expected = model(*args)
+            got = compiled(*args)
+            torch.cuda.synchronize()
+            checks.append({"call": call, "moved": call >= 2, **compare(got, expected, tol)})
+    records = [r for r in grace.stats.snapshot() if r.get("graph_hash")]
+    copy_bytes = sum(int(t.nbytes) for t in inputs if isinstance(t, torch.Tensor))
+    return {
+        "checks": checks,
+        "numerics_ok": all(c["ok"] for c in checks),
+        "variants": [r["variant"] for r in records],
+        "pi_used": any(r["variant"] == "graph_pi" for r in records),
+        "pi_bytes_per_replay": [r["pi_bytes_per_replay"] for r in records],
+        "input_bytes": copy_bytes,
+        "pi_stages": [r["pi_stages"] for r in records],
+        "skip_reasons": [r["skip_reasons"] for r in records],
+        "decision": [r["decision"] for r in records],
+    }
+
+
+def _time(fn: Callable[[], Any], iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / iters
+
+
+def floor_ms(call: Callable[[], Any]) -> float | None:
+    """Summed CUDA kernel time of one call, from the profiler (the GPU-busy floor)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        reps = 5
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                call()
+            torch.cuda.synchronize()
+        total_us = 0.0
+        for event in prof.events():
+            kind = str(getattr(event, "device_type", ""))
+            if "CUDA" in kind:
+                total_us += float(getattr(event, "device_time", getattr(event, "cuda_time", 0.0)) or 0.0)
+        return total_us / reps / 1000.0 if total_us else None
+    except Exception:
+        return None
+
+
+def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any]:
+    torch._dynamo.reset()
+    grace.reset()
+    model, inputs = build(name)
+    sets = [inputs, moved(inputs, 1.0)]
+    modes: dict[str, Any] = {
+        "eager": model,
+        "inductor": torch.compile(model),
+        "pt2cg": torch.compile(model, mode="reduce-overhead"),
+        "grace_pi": torch.compile(model, backend=grace_backend(cache_dir, scg=False)),
+        "grace": torch.compile(model, backend=grace_backend(cache_dir + "-scg")),
+    }
+    counter = {"i": 0}
+
+    def caller(fn: Any) -> Callable[[], Any]:
+        def call() -> Any:
+            counter["i"] += 1
+            return fn(*sets[counter["i"] % 2])
+
+        return call
+
+    calls = {m: caller(fn) for m, fn in modes.items()}
+    raw: dict[str, list[float]] = {m: [] for m in calls}
+    with torch.no_grad():
+        for call in calls.values():
+            for _ in range(6):
+                call()
+        torch.cuda.synchronize()
+        order = list(calls)
+        for s in range(samples):
+            shift = s % len(order)
+            for mode in order[shift:] + order[:shift]:
+                raw[mode].append(_time(calls[mode], iters))
+        floor = floor_ms(calls["inductor"])
+    med = {m: statistics.median(v) for m, v in raw.items()}
+    records = [r for r in grace.stats.snapshot() if r.get("graph_hash")]
+    out: dict[str, Any] = {
+        "median_ms": med,
+        "samples_ms": raw,
+        "floor_ms": floor,
+        "pt2cg_over_grace_pi": med["pt2cg"] / med["grace_pi"],
+        "pt2cg_over_grace": med["pt2cg"] / med["grace"],
+        "grace_pi_over_floor": (med["grace_pi"] / floor) if floor else None,
+        "variants": [(r["signature"], r["variant"], r["pi_bytes_per_replay"]) for r in records],
+    }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--deadline-s", type=float, default=200.0)
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--iters", type=int, default=10)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "format": 1,
+        "env": {
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(),
+            "techniques": grace.available_techniques(),
+        },
+        "numerics": {},
+        "timing": {},
+        "not_run": [],
+    }
+    path = args.out / "pi_gpu.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(results, indent=1, default=str))
+
+    cache_dir = tempfile.mkdtemp(prefix="grace-pi-gpu-")
+    plan = [("numerics", "elementwise_64x1m"), ("numerics", "bf16_matmul"), ("timing", "elementwise_64x1m")]
+    plan += [("numerics", n) for n in NUMERIC_WORKLOADS if ("numerics", n) not in plan]
+    plan += [("timing", n) for n in TIMING_WORKLOADS if ("timing", n) not in plan]
+    for section, name in plan:
+        elapsed = time.monotonic() - started
+        if elapsed > args.deadline_s:
+            results["not_run"].append(f"{section}/{name}: deadline")
+            continue
+        t0 = time.monotonic()
+        try:
+            if section == "numerics":
+                value = numerics(name, cache_dir)
+                print(
+                    f"numerics {name}: ok={value['numerics_ok']} pi_used={value['pi_used']} "
+                    f"variants={value['variants']} pi_bytes={value['pi_bytes_per_replay']} "
+                    f"input_bytes={value['input_bytes']}",
+                    flush=True,
+                )
+            else:
+                value = timing(name, cache_dir, args.samples, args.iters)
+                print(
+                    f"timing {name}: "
+                    + ", ".join(f"{m} {v:.4f}" for m, v in value["median_ms"].items())
+                    + f" ms; floor {value['floor_ms']}; pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x",
+                    flush=True,
+                )
+        except Exception as exc:
+            value = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
+            print(f"{section} {name}: ERROR {value['error']}", flush=True)
+        value["seconds"] = round(time.monotonic() - t0, 1)
+        results[section][name] = value
+        save()
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""grace.analysis on CPU: static/dynamic/scalar inputs, CPU tensors, devices, autograd, mutations.
+
+CUDA inputs are fake tensors (FakeTensorMode with device "cuda" works on a CPU-only torch).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from grace.analysis import analyze_inputs, mutated_inputs
+from grace.reasons import SkipCode
+
+
+def _traced(fn: Callable[..., Any], example_values: dict[str, Any] | None = None) -> torch.fx.GraphModule:
+    gm = torch.fx.symbolic_trace(fn)
+    for node in gm.graph.nodes:
+        if example_values and node.name in example_values:
+            node.meta["example_value"] = example_values[node.name]
+    return gm
+
+
+def test_static_dynamic_and_scalar_inputs() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x @ w * n
+
+    with FakeTensorMode():
+        w = torch.nn.Parameter(torch.empty(4, 4, device="cuda"))
+        x = torch.empty(2, 4, device="cuda")
+        with torch.no_grad():
+            result = analyze_inputs(_traced(f), [w, x, 3])
+    assert result.static_indices == (0,)
+    assert result.dynamic_indices == (1,)
+    assert result.scalar_indices == (2,)
+    assert result.device == torch.device("cuda", 0)
+    assert result.skip is None
+
+
+def test_dynamo_marks_parameters_static() -> None:
+    seen: dict[str, Any] = {}
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        seen["gm"], seen["inputs"] = gm, inputs
+        return gm.forward
+
+    model = torch.nn.Linear(4, 4)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(torch.randn(2, 4))
+    torch._dynamo.reset()
+    result = analyze_inputs(seen["gm"], seen["inputs"])
+    assert len(result.static_indices) == 2  # weight and bias
+    assert len(result.dynamic_indices) == 1
+    assert result.skip is not None and result.skip.code is SkipCode.CPU_INPUT
+
+
+def test_cpu_op_inside_a_cuda_graph_is_reported() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.tensor(0.5)
+
+    with FakeTensorMode():
+        x = torch.empty(4, device="cuda")
+        cpu_scalar = torch.empty(())
+        out = torch.empty(4, device="cuda")
+    gm = _traced(f)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":  # the traced torch.tensor(0.5) constant
+            node.meta["example_value"] = cpu_scalar
+        elif node.op == "call_function":
+            node.meta["example_value"] = out
+    with torch.no_grad():
+        result = analyze_inputs(gm, [x])
+    assert result.skip is not None and result.skip.code is SkipCode.CPU_OP
+    assert "cpu device" in result.skip.detail
+
+
+def test_multiple_devices_and_no_cuda() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y.to(x.device)
+
+    with FakeTensorMode():
+        a, b = torch.empty(2, device="cuda:0"), torch.empty(2, device="cuda:1")
+    with torch.no_grad():
+        assert analyze_inputs(_traced(f), [a, b]).skip.code is SkipCode.MULTIPLE_DEVICES  # type: ignore[union-attr]
+        cpu = analyze_inputs(_traced(f), [torch.empty(2), torch.empty(2)])
+    assert cpu.skip is not None and cpu.skip.code is SkipCode.CPU_INPUT
+
+
+def test_autograd_graphs_are_declined() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with FakeTensorMode():
+        x = torch.empty(2, device="cuda", requires_grad=True)
+    with torch.enable_grad():
+        result = analyze_inputs(_traced(f), [x])
+    assert result.skip is not None and result.skip.code is SkipCode.AUTOGRAD
+    with torch.no_grad():
+        assert analyze_inputs(_traced(f), [x]).skip is None
+
+
+def test_unsupported_input_type() -> None:
+    def f(x: torch.Tensor, g: Any) -> torch.Tensor:
+        return x
+
+    with FakeTensorMode():
+        x = torch.empty(2, device="cuda")
+    with torch.no_grad():
+        result = analyze_inputs(_traced(f), [x, object()])
+    assert result.skip is not None and result.skip.code is SkipCode.UNSUPPORTED_INPUT
+
+
+@pytest.mark.parametrize(
+    "fn,expected",
+    [
+        (lambda x, y: x + y, ()),
+        (lambda x, y: x.add_(y), (0,)),
+        (lambda x, y: y.view(-1).mul_(2), (1,)),
+        (lambda x, y: x[0].zero_(), (0,)),
+        (lambda x, y: torch.add(x, 1, out=y), (1,)),
+        (lambda x, y: torch.nn.functional.relu(y.transpose(0, 1), inplace=True), (1,)),
+        (lambda x, y: (x + 1).add_(y), ()),
+    ],
+)
+def test_mutation_detection_follows_views(fn: Callable[..., Any], expected: tuple[int, ...]) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> Any:
+        return fn(x, y)
+
+    assert mutated_inputs(torch.fx.symbolic_trace(f)) == expected
+
+
+def test_setitem_and_iadd_are_mutations() -> None:
+    graph = torch.fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    graph.call_function(operator.setitem, (x, 0, 1.0))
+    graph.call_function(operator.iadd, (y, 1))
+    graph.output(y)
+    assert mutated_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == (0, 1)

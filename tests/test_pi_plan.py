@@ -1,0 +1,83 @@
+"""PiPlan.update: which address each slot gets, alignment fallbacks, inputs that are not CUDA tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from grace.pi import plan as plan_mod
+from grace.pi.plan import PiPlan, Slot, StageLog
+
+
+class FakeTable:
+    bytes_per_copy = 24
+
+    def __init__(self) -> None:
+        self.writes: list[list[int]] = []
+
+    def write(self, values: Sequence[int]) -> bool:
+        self.writes.append(list(values))
+        return True
+
+
+@dataclass(frozen=True)
+class FakeTensor:
+    address: int
+
+
+@pytest.fixture(autouse=True)
+def fake_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        plan_mod, "device_address", lambda v: v.address if isinstance(v, FakeTensor) else None
+    )
+
+
+PLACEHOLDERS = {0: 0x1000, 1: 0x2000, 2: 0x3000}
+
+
+def make_plan(table: FakeTable) -> PiPlan:
+    slots = [Slot(0, 0, 16), Slot(1, 64, 16), Slot(1, 0, 1), Slot(2, 0, 16)]
+    return PiPlan(table, slots, PLACEHOLDERS, (0, 1, 2, 3), {2: "memcpy node reads it"}, StageLog())
+
+
+def test_covered_inputs_get_their_address_plus_view_offset() -> None:
+    table = FakeTable()
+    plan = make_plan(table)
+    assert plan.uncovered_indices == (2,)
+    inputs = [FakeTensor(0x10000), FakeTensor(0x20000), FakeTensor(0x30000), FakeTensor(0x40000)]
+    assert plan.update(inputs) is True
+    assert table.writes[-1] == [0x10000, 0x20040, 0x20000, 0x3000]  # input 2 keeps its placeholder
+    assert plan.uncovered_indices == (2,)
+    assert plan.bytes_per_replay == 24
+
+
+def test_misaligned_input_falls_back_to_its_placeholder_for_that_call() -> None:
+    table = FakeTable()
+    plan = make_plan(table)
+    inputs = [FakeTensor(0x10000), FakeTensor(0x20004), FakeTensor(0x30000), FakeTensor(0)]
+    assert plan.update(inputs) is True
+    assert table.writes[-1] == [0x10000, 0x2040, 0x2000, 0x3000]
+    assert plan.uncovered_indices == (1, 2)
+    assert plan.alignment_fallbacks == 1
+    aligned = [FakeTensor(0x10000), FakeTensor(0x50000), FakeTensor(0x30000), FakeTensor(0)]
+    assert plan.update(aligned) is True
+    assert plan.uncovered_indices == (2,)
+
+
+def test_an_input_that_is_not_a_cuda_tensor_copies_everything() -> None:
+    table = FakeTable()
+    plan = make_plan(table)
+    assert plan.update([FakeTensor(0x10000), "not a tensor", FakeTensor(0), FakeTensor(0)]) is False
+    assert table.writes[-1] == [0x1000, 0x2040, 0x2000, 0x3000]
+    assert plan.uncovered_indices == (0, 1, 2, 3)
+
+
+def test_stages_and_release() -> None:
+    log = StageLog()
+    log.add("locate", "pass", "1 kernel")
+    plan = PiPlan(FakeTable(), [], {}, (), {}, log, keep_alive=[object()])
+    assert plan.stages == [("locate", "pass", "1 kernel")]
+    plan.release()
+    assert plan.slot_count == 0

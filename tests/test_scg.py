@@ -1,0 +1,131 @@
+"""SCG on CPU: decision keys, persistence (format version, atomic merge), choice, numeric check."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grace import scg
+from grace.scg import Decision, DecisionCache, DecisionKey, DecisionSource, Variant
+
+
+def _key(**changes: object) -> DecisionKey:
+    base = DecisionKey(
+        graph_hash="abc",
+        signature="float32[64, 1048576]/[1048576, 1]",
+        gpu="NVIDIA H200",
+        driver="13000",
+        cuda_runtime="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        candidates=("no_graph", "graph_copies"),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("graph_hash", "abd"),
+        ("signature", "float32[32, 1048576]/[1048576, 1]"),
+        ("gpu", "NVIDIA A100"),
+        ("driver", "12080"),
+        ("cuda_runtime", "12.8"),
+        ("torch", "2.10.0"),
+        ("triton", "3.5.0"),
+        ("candidates", ("no_graph", "graph_copies", "graph_pi")),
+    ],
+)
+def test_every_key_field_changes_the_digest(field: str, value: object) -> None:
+    assert _key().digest == _key().digest
+    assert _key(**{field: value}).digest != _key().digest
+
+
+def _decision(variant: Variant = Variant.NO_GRAPH) -> Decision:
+    return Decision(
+        variant,
+        DecisionSource.PROFILED,
+        medians_ms={"no_graph": 0.107, "graph_copies": 0.271},
+        samples_ms={"no_graph": (0.1, 0.107, 0.11), "graph_copies": (0.27, 0.271, 0.28)},
+    )
+
+
+def test_decisions_persist_across_cache_objects(tmp_path: Path) -> None:
+    DecisionCache(tmp_path).store(_key(), _decision())
+    entry = DecisionCache(tmp_path).lookup(_key())
+    assert entry is not None
+    assert entry["variant"] == "no_graph"
+    assert entry["medians_ms"]["graph_copies"] == pytest.approx(0.271)
+    assert DecisionCache(tmp_path).lookup(_key(gpu="other")) is None
+    data = json.loads((tmp_path / scg.DECISIONS_FILE).read_text())
+    assert data["format"] == scg.DECISIONS_FORMAT
+    assert data["format_version"] == scg.DECISIONS_FORMAT_VERSION
+
+
+def test_two_writers_merge(tmp_path: Path) -> None:
+    first, second = DecisionCache(tmp_path), DecisionCache(tmp_path)
+    first.store(_key(), _decision())
+    second.store(_key(torch="2.12.0"), _decision(Variant.GRAPH_COPIES))
+    fresh = DecisionCache(tmp_path)
+    assert fresh.lookup(_key()) is not None
+    assert fresh.lookup(_key(torch="2.12.0"))["variant"] == "graph_copies"  # type: ignore[index]
+
+
+def test_other_format_version_is_neither_read_nor_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / scg.DECISIONS_FILE
+    foreign = {"format": scg.DECISIONS_FORMAT, "format_version": 99, "decisions": {_key().digest: {"x": 1}}}
+    path.write_text(json.dumps(foreign))
+    cache = DecisionCache(tmp_path)
+    assert cache.lookup(_key()) is None
+    cache.store(_key(), _decision())
+    assert json.loads(path.read_text()) == foreign
+
+
+def test_corrupt_file_is_ignored_and_replaced(tmp_path: Path) -> None:
+    (tmp_path / scg.DECISIONS_FILE).write_text("{not json")
+    cache = DecisionCache(tmp_path)
+    assert cache.lookup(_key()) is None
+    cache.store(_key(), _decision())
+    assert DecisionCache(tmp_path).lookup(_key()) is not None
+
+
+def test_lookup_checks_the_stored_key_fields(tmp_path: Path) -> None:
+    cache = DecisionCache(tmp_path)
+    cache.store(_key(), _decision())
+    path = tmp_path / scg.DECISIONS_FILE
+    data = json.loads(path.read_text())
+    data["decisions"][_key().digest]["key_fields"]["gpu"] = "tampered"
+    path.write_text(json.dumps(data))
+    assert DecisionCache(tmp_path).lookup(_key()) is None
+
+
+def test_choose_takes_smallest_median_and_breaks_ties_by_order() -> None:
+    assert scg.choose({Variant.NO_GRAPH: 0.107, Variant.GRAPH_COPIES: 0.271}) is Variant.NO_GRAPH
+    assert scg.choose({Variant.NO_GRAPH: 1.9, Variant.GRAPH_COPIES: 0.92}) is Variant.GRAPH_COPIES
+    assert scg.choose({Variant.GRAPH_PI: 0.5, Variant.NO_GRAPH: 0.5}) is Variant.NO_GRAPH
+    with pytest.raises(ValueError):
+        scg.choose({})
+    assert scg.medians({Variant.NO_GRAPH: [3.0, 1.0, 2.0]}) == {Variant.NO_GRAPH: 2.0}
+
+
+def test_outputs_match() -> None:
+    a = torch.randn(4, 4)
+    assert scg.outputs_match([a, 3], [a.clone(), 3]) is None
+    assert scg.outputs_match((a,), (a + 1,)) is not None
+    assert "difference" in str(scg.outputs_match(a, a + 1e-2))
+    assert scg.outputs_match(a, a + 1e-7) is None
+    assert scg.outputs_match(torch.tensor([1, 2]), torch.tensor([1, 3])) is not None
+    assert scg.outputs_match(a, a.double()) is not None
+    assert scg.outputs_match([a], [a, a]) is not None
+    nan = torch.tensor([float("nan")])
+    assert scg.outputs_match(nan, nan.clone()) is None
+
+
+def test_shared_cache_per_directory(tmp_path: Path) -> None:
+    assert scg.decision_cache(tmp_path) is scg.decision_cache(tmp_path)
+    scg.forget_caches()
+    assert scg.decision_cache(tmp_path) is not None
