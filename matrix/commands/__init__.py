@@ -18,4 +18,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "regressions",
     "dashboard",
     "pi_status",
+    "report",
+    "results_doc",
 )

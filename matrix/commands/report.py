@@ -1,0 +1,69 @@
+"""``grace-matrix report [--json]``: per cell, workload and mode, status and performance figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from matrix.report import build_report, render_text
+from matrix.store.db import open_store
+
+
+def add_selection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", action="append", default=[], help="only this run uid (repeatable)")
+    parser.add_argument("--label", action="append", default=[], help="only runs with this label (repeatable)")
+    parser.add_argument("--cell", action="append", default=[], help="only this cell id (repeatable)")
+    parser.add_argument("--workload", action="append", default=[], help="only workloads matching this glob")
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="read runs from these export files (grace-matrix export, e.g. results/) instead of the store",
+    )
+
+
+def open_selected_store(args: argparse.Namespace) -> sessionmaker[Session]:
+    """The store to report on: ``--db`` (or the default store), or an in-memory store holding ``--input``."""
+    inputs = getattr(args, "input", None) or []
+    if not inputs:
+        return open_store(getattr(args, "db", None))
+    from matrix.errors import ConfigError
+    from matrix.transfer import ingest_jsonl
+
+    Session = open_store("sqlite://")
+    with Session.begin() as session:
+        for path in inputs:
+            try:
+                handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise ConfigError(f"--input {path}: cannot read: {exc.strerror}") from None
+            with handle:
+                ingest_jsonl(session, handle, path)
+    return Session
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="status, median, floor, speedups and graph facts per cell, workload and mode",
+        description="For every cell and workload, the latest run that has it; speedups within that run.",
+    )
+    add_selection(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    Session = open_selected_store(args)
+    with Session() as session:
+        report = build_report(session, args.run, args.label, args.cell, args.workload)
+    if getattr(args, "json", False):
+        json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(report))
+    return 0

@@ -1,0 +1,54 @@
+"""``grace-matrix results-doc``: write docs/RESULTS.md from the store (never edited by hand)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from matrix.commands.report import add_selection, open_selected_store
+from matrix.report import build_report, render_markdown
+
+DEFAULT_OUTPUT = "docs/RESULTS.md"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("results-doc", help=f"generate {DEFAULT_OUTPUT} from the store")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=DEFAULT_OUTPUT,
+        help=f"file to write (default {DEFAULT_OUTPUT}; - for stdout)",
+    )
+    add_selection(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    Session = open_selected_store(args)
+    with Session() as session:
+        report = build_report(session, args.run, args.label, args.cell, args.workload)
+    text = render_markdown(report)
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    target = Path(args.output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # replace atomically
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(tmp, target)
+    summary = {"output": str(target), "rows": len(report.rows), "cells": report.cells()}
+    if getattr(args, "json", False):
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(
+            f"grace-matrix: wrote {len(report.rows)} rows over {len(report.cells())} cell(s) to {target}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,347 @@
+"""Per cell, workload and mode: the correctness verdict and the performance figures, from the store.
+
+Problem: a person (or the results document) needs one table that says, for every cell, workload and
+mode, whether it was correct and how fast it was relative to the baselines, with the graph facts that
+explain the speed. Several runs of one cell may each cover part of the workloads (a GPU lease is too
+short for all of them), so the table must merge runs without mixing figures of different runs.
+
+Design: ``build_report`` picks, for every (cell, workload, tier), the most recent selected run that has
+any result for it, and reads that run's correctness and performance rows. Speedups compare medians of
+the same run only: ``speedup_vs_X = median(X) / median(mode)``; None when either side is missing or not
+``ok``. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI commands print or write them.
+
+Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import fnmatch
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
+
+REPORT_FORMAT = 1
+BASELINES = ("inductor", "pt2cg")
+MODE_ORDER = ("eager", "inductor", "pt2cg", "pt2cg-nopartition", "grace", "grace-cgct", "grace-cgct-pi")
+COLUMNS = (
+    "status",
+    "median_ms",
+    "floor_ms",
+    "speedup_vs_inductor",
+    "speedup_vs_pt2cg",
+    "kernels_in_graphs",
+    "kernel_launches",
+    "graph_launches",
+    "copy_bytes_per_replay",
+    "compile_s",
+)
+OK = "ok"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    uid: str
+    cell: str
+    started_at: dt.datetime
+    label: str | None
+    torch: str | None
+    triton: str | None
+    cuda: str | None
+    gpu: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["started_at"] = self.started_at.isoformat()
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRow:
+    cell: str
+    run_uid: str
+    workload: str
+    tier: str
+    mode: str
+    status: str | None  # the correctness verdict; the performance status when there is none
+    perf_status: str | None
+    reason: str | None
+    median_ms: float | None
+    floor_ms: float | None
+    speedup_vs_inductor: float | None
+    speedup_vs_pt2cg: float | None
+    kernels_in_graphs: int | None
+    kernel_launches: int | None
+    graph_launches: int | None
+    copy_bytes_per_replay: int | None
+    compile_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    runs: tuple[RunInfo, ...]
+    rows: tuple[ReportRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": REPORT_FORMAT,
+            "columns": list(COLUMNS),
+            "runs": [r.to_dict() for r in self.runs],
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+    def cells(self) -> list[str]:
+        return list(dict.fromkeys(row.cell for row in self.rows))
+
+
+def speedup(baseline_ms: float | None, ms: float | None) -> float | None:
+    """How many times faster than the baseline (>1 is faster); None without two positive medians."""
+    if baseline_ms is None or ms is None or baseline_ms <= 0 or ms <= 0:
+        return None
+    return baseline_ms / ms
+
+
+def _mode_key(mode: str) -> tuple[int, str]:
+    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def select_runs(
+    session: Session, uids: Iterable[str] = (), labels: Iterable[str] = (), cells: Iterable[str] = ()
+) -> list[tuple[Run, Cell]]:
+    """Candidate runs, oldest first."""
+    query = select(Run, Cell).join(Cell, Run.cell_pk == Cell.id).order_by(Run.started_at, Run.id)
+    if uids := list(uids):
+        query = query.where(Run.uid.in_(uids))
+    if labels := list(labels):
+        query = query.where(Run.label.in_(labels))
+    if cells := list(cells):
+        query = query.where(Cell.cell_id.in_(cells))
+    return [(run, cell) for run, cell in session.execute(query).all()]
+
+
+def build_report(
+    session: Session,
+    uids: Iterable[str] = (),
+    labels: Iterable[str] = (),
+    cells: Iterable[str] = (),
+    workloads: Sequence[str] = (),
+) -> Report:
+    candidates = select_runs(session, uids, labels, cells)
+    by_pk = {run.id: (run, cell) for run, cell in candidates}
+    if not by_pk:
+        return Report((), ())
+    correctness = session.execute(
+        select(CorrectnessResult, Workload)
+        .join(Workload, CorrectnessResult.workload_pk == Workload.id)
+        .where(CorrectnessResult.run_pk.in_(by_pk))
+    ).all()
+    performance = session.execute(
+        select(PerformanceResult, Workload)
+        .join(Workload, PerformanceResult.workload_pk == Workload.id)
+        .where(PerformanceResult.run_pk.in_(by_pk))
+    ).all()
+    # (run pk, workload, tier) -> mode -> results; later rows of one key overwrite earlier ones
+    found: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
+    pairs: tuple[tuple[str, Sequence[Any]], ...] = (
+        ("correctness", correctness),
+        ("performance", performance),
+    )
+    for kind, results in pairs:
+        for result, wl in results:
+            if not _matches(wl.name, workloads):
+                continue
+            found.setdefault((result.run_pk, wl.name, wl.tier), {}).setdefault(result.mode, {})[kind] = result
+    order = {pk: i for i, pk in enumerate(by_pk)}  # oldest first
+    latest: dict[tuple[str, str, str], int] = {}
+    for run_pk, name, tier in found:
+        key = (by_pk[run_pk][1].cell_id, name, tier)
+        if key not in latest or order[run_pk] > order[latest[key]]:
+            latest[key] = run_pk
+    rows: list[ReportRow] = []
+    for (cell_id, name, tier), run_pk in sorted(latest.items()):
+        modes = found[(run_pk, name, tier)]
+        medians = {
+            mode: r["performance"].median_ms
+            for mode, r in modes.items()
+            if "performance" in r and r["performance"].status == OK
+        }
+        for mode in sorted(modes, key=_mode_key):
+            rows.append(_row(cell_id, by_pk[run_pk][0].uid, name, tier, mode, modes[mode], medians))
+    used = sorted({pk for pk in latest.values()}, key=lambda pk: order[pk])
+    return Report(tuple(_run_info(*by_pk[pk]) for pk in used), tuple(rows))
+
+
+def _row(
+    cell: str,
+    uid: str,
+    workload: str,
+    tier: str,
+    mode: str,
+    results: dict[str, Any],
+    medians: dict[str, float],
+) -> ReportRow:
+    corr: CorrectnessResult | None = results.get("correctness")
+    perf: PerformanceResult | None = results.get("performance")
+    ok = perf is not None and perf.status == OK
+    median = perf.median_ms if ok and perf is not None else None
+    status = corr.status if corr is not None else (perf.status if perf is not None else None)
+    reason = corr.reason if corr is not None and corr.status != "pass" else (perf.reason if perf else None)
+    return ReportRow(
+        cell=cell,
+        run_uid=uid,
+        workload=workload,
+        tier=tier,
+        mode=mode,
+        status=status,
+        perf_status=perf.status if perf is not None else None,
+        reason=reason,
+        median_ms=median,
+        floor_ms=perf.floor_ms if perf is not None else None,
+        speedup_vs_inductor=speedup(medians.get("inductor"), median),
+        speedup_vs_pt2cg=speedup(medians.get("pt2cg"), median),
+        kernels_in_graphs=perf.kernels_in_graphs if perf is not None else None,
+        kernel_launches=perf.kernel_launches if perf is not None else None,
+        graph_launches=perf.graph_launches if perf is not None else None,
+        copy_bytes_per_replay=perf.copy_bytes_per_replay if perf is not None else None,
+        compile_s=perf.compile_s
+        if perf is not None and perf.compile_s is not None
+        else _details_float(corr, "compile_s"),
+    )
+
+
+def _details_float(result: CorrectnessResult | None, key: str) -> float | None:
+    if result is None or not isinstance(result.details, dict):
+        return None
+    value = result.details.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _run_info(run: Run, cell: Cell) -> RunInfo:
+    return RunInfo(
+        uid=run.uid,
+        cell=cell.cell_id,
+        started_at=run.started_at,
+        label=run.label,
+        torch=cell.torch_version,
+        triton=cell.triton_version,
+        cuda=cell.cuda_runtime,
+        gpu=cell.gpu_name,
+    )
+
+
+# -- formatting -----------------------------------------------------------------------------------------
+
+
+def fmt(column: str, value: Any) -> str:
+    """One cell of a table, for people: '-' for missing, ms with 3 decimals, speedups as 1.23x."""
+    if value is None:
+        return "-"
+    if column.startswith("speedup"):
+        return f"{value:.2f}x"
+    if column in ("median_ms", "floor_ms"):
+        return f"{value:.3f}"
+    if column == "compile_s":
+        return f"{value:.1f}"
+    if column == "copy_bytes_per_replay":
+        return _bytes(int(value))
+    return str(value)
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _environment(run: RunInfo) -> str:
+    parts = [
+        f"torch {run.torch or '-'}",
+        f"triton {run.triton or '-'}",
+        f"CUDA {run.cuda or '-'}",
+        run.gpu or "no GPU",
+    ]
+    return ", ".join(parts)
+
+
+def render_text(report: Report) -> str:
+    """Aligned text tables, one per cell."""
+    if not report.rows:
+        return "no results match (run the suites with the recorder first)\n"
+    header = ["workload", "tier", "mode", *COLUMNS]
+    out: list[str] = []
+    for cell in report.cells():
+        runs = [r for r in report.runs if r.cell == cell]
+        out.append(f"cell {cell}: {_environment(runs[-1])}; runs {', '.join(r.uid[:8] for r in runs)}")
+        table = [
+            [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
+            for row in report.rows
+            if row.cell == cell
+        ]
+        widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
+        out.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
+        out.extend("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in table)
+        notes = [row for row in report.rows if row.cell == cell and row.status not in ("pass", OK)]
+        if notes:
+            out.append("not passing:")
+            out.extend(f"  {row.workload} / {row.mode}: {row.status}: {_clip(row.reason)}" for row in notes)
+        out.append("")
+    return "\n".join(out)
+
+
+def _clip(text: str | None, limit: int = 240) -> str:
+    one_line = " ".join((text or "").split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
+
+
+def _md(text: str | None) -> str:
+    if not text:
+        return ""
+    escaped = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return " ".join(escaped.split())
+
+
+def render_markdown(report: Report, title: str = "Results", command: str = "grace-matrix results-doc") -> str:
+    """docs/RESULTS.md: per cell its environment, the table, then every non-passing verdict's reason."""
+    lines = [
+        f"# {title}",
+        "",
+        f"<!-- Generated by `{command}` from the results store. Do not edit by hand. -->",
+        "",
+        "Speedups compare medians of the same run (`speedup_vs_X = median(X) / median(mode)`, above 1 is "
+        "faster); the floor is the GPU-busy time of one call; `-` means not measured.",
+        "",
+    ]
+    if not report.rows:
+        return "\n".join([*lines, "No results in the store.", ""])
+    header = ["workload", "tier", "mode", *COLUMNS]
+    for cell in report.cells():
+        runs = [r for r in report.runs if r.cell == cell]
+        lines += [f"## Cell `{cell}`", "", f"{_environment(runs[-1])}.", ""]
+        lines += [f"Runs: {', '.join(f'`{r.uid}` ({r.started_at:%Y-%m-%d %H:%M} UTC)' for r in runs)}.", ""]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        rows = [row for row in report.rows if row.cell == cell]
+        for row in rows:
+            values = [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
+            lines.append("| " + " | ".join(_md(v) for v in values) + " |")
+        notes = [row for row in rows if row.status not in ("pass", OK)]
+        if notes:
+            lines += ["", "Not passing:", ""]
+            lines += [f"- {row.workload} / {row.mode}: `{row.status}`: {_md(row.reason)}" for row in notes]
+        lines.append("")
+    return "\n".join(lines)

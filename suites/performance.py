@@ -1,0 +1,158 @@
+"""The performance suite's logic: one workload, every mode -> one ``PerformanceRecord`` per mode.
+
+Steps: compile and warm up every mode first (shared with the correctness suite through
+suites.harness), then profile one call per mode (launch facts, GPU-busy floor), then time all modes in
+interleaved rounds with CUDA events (suites.timing). Bytes copied per replay: for PyTorch2-CG modes the
+device bytes of the non-static (user) inputs when the call replayed a graph (cudagraph trees copy each
+into its static placeholder), for grace modes the ``copy_bytes_per_replay`` grace.stats reports for the
+mode's own graphs; modes that replay no graph have none. Speedups are not computed here: the report
+derives them from records of the same run.
+
+Invariant: on a machine without CUDA every mode is recorded as ``skip`` with reason "no CUDA device":
+CPU timings of GPU-oriented modes would mean nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from suites import grace_stats
+from suites.harness import CompiledMode, Failure, PreparedWorkload, describe
+from suites.launches import CallFacts, profile_call
+from suites.modes import GRACE_MODES, Mode
+from suites.records import CorrectnessStatus, PerformanceRecord, PerformanceStatus
+from suites.tensors import device_input_bytes
+from suites.timing import time_interleaved
+
+logger = logging.getLogger(__name__)
+
+PERF_WARMUP_CALLS = 5
+NO_CUDA = "no CUDA device"
+PT2CG_MODES = (Mode.PT2CG, Mode.PT2CG_NOPARTITION)
+
+
+def _status_of(failure: Failure) -> PerformanceStatus:
+    if failure.status is CorrectnessStatus.OOM:
+        return PerformanceStatus.OOM
+    if failure.expected or failure.status is CorrectnessStatus.SKIP:
+        return PerformanceStatus.SKIP
+    return PerformanceStatus.FAIL_TO_RUN
+
+
+def _bound(entry: CompiledMode) -> Callable[[], Any]:
+    fn, inputs = entry.fn, entry.inputs
+    assert fn is not None
+    return lambda: fn(*inputs)
+
+
+def measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) -> list[PerformanceRecord]:
+    ref = prepared.workload.ref(prepared.tier)
+    if prepared.device.type != "cuda":
+        return [PerformanceRecord(ref, m.value, PerformanceStatus.SKIP, reason=NO_CUDA) for m in modes]
+    if prepared.load_failure is not None:
+        failure = prepared.load_failure
+        reason = f"model_fail_to_load: {failure.reason}"
+        return [PerformanceRecord(ref, m.value, _status_of(failure), reason=reason) for m in modes]
+    with torch.no_grad():
+        return _measure(prepared, modes, samples)
+
+
+def _measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) -> list[PerformanceRecord]:
+    ref = prepared.workload.ref(prepared.tier)
+    done: dict[Mode, PerformanceRecord] = {}
+    ready: dict[Mode, CompiledMode] = {}
+    for mode in modes:
+        entry = prepared.compiled_mode(mode)
+        if entry.failure is not None or entry.fn is None:
+            failure = entry.failure or Failure(CorrectnessStatus.FAIL_TO_RUN, "not compiled")
+            done[mode] = PerformanceRecord(ref, mode.value, _status_of(failure), reason=failure.reason)
+            continue
+        try:
+            for _ in range(PERF_WARMUP_CALLS):
+                entry.fn(*entry.inputs)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            status = (
+                PerformanceStatus.OOM
+                if "out of memory" in str(exc).lower()
+                else PerformanceStatus.FAIL_TO_RUN
+            )
+            done[mode] = PerformanceRecord(ref, mode.value, status, reason=f"warm-up: {describe(exc)}")
+            continue
+        ready[mode] = entry
+    facts: dict[Mode, CallFacts | str] = {}
+    for mode, entry in ready.items():
+        try:
+            facts[mode] = profile_call(_bound(entry))
+        except Exception as exc:  # the timing is still worth having
+            facts[mode] = f"profiler: {describe(exc, 500)}"
+            logger.warning("profiling %s/%s failed: %s", prepared.workload.name, mode.value, facts[mode])
+    timings, errors = time_interleaved({m.value: _bound(e) for m, e in ready.items()}, samples)
+    snapshot = grace_stats.snapshot() if any(m in GRACE_MODES for m in ready) else {}
+    for mode, entry in ready.items():
+        done[mode] = _record(
+            prepared, mode, entry, facts[mode], timings[mode.value], errors.get(mode.value), snapshot, samples
+        )
+    return [done[m] for m in modes]
+
+
+def _record(
+    prepared: PreparedWorkload,
+    mode: Mode,
+    entry: CompiledMode,
+    facts: CallFacts | str,
+    samples: list[float],
+    error: str | None,
+    snapshot: dict[str, Any],
+    requested: int,
+) -> PerformanceRecord:
+    details: dict[str, Any] = {
+        "samples_requested": requested,
+        "warmup_calls": PERF_WARMUP_CALLS,
+        "device_name": torch.cuda.get_device_name(prepared.device),
+        "dtype": str(prepared.dtype).removeprefix("torch."),
+        **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
+    }
+    copy_bytes: int | None = None
+    if isinstance(facts, CallFacts):
+        details.update({k: v for k, v in facts.to_dict().items() if k not in ("busy_ms",)})
+        if mode in PT2CG_MODES:
+            copy_bytes = device_input_bytes(entry.inputs) if facts.graph_launches else 0
+            details["copy_bytes_source"] = "user inputs copied into static placeholders (cudagraph trees)"
+    else:
+        details["profile_error"] = facts
+    if mode in GRACE_MODES:
+        mine = grace_stats.select(snapshot, entry.grace_keys)
+        details["grace_stats"] = mine
+        copy_bytes = grace_stats.total(mine, "copy_bytes_per_replay")
+        details["copy_bytes_source"] = (
+            "grace.stats copy_bytes_per_replay" if copy_bytes is not None else "none"
+        )
+    status = PerformanceStatus.OK
+    reason = None
+    if error is not None:
+        status = PerformanceStatus.OOM if "out of memory" in error.lower() else PerformanceStatus.FAIL_TO_RUN
+        reason = f"timing: {error}"
+    elif not samples:
+        status, reason = PerformanceStatus.FAIL_TO_RUN, "no samples"
+    return PerformanceRecord(
+        workload=prepared.workload.ref(prepared.tier),
+        mode=mode.value,
+        status=status,
+        reason=reason,
+        samples_ms=tuple(samples),
+        median_ms=statistics.median(samples) if samples else None,
+        floor_ms=facts.busy_ms if isinstance(facts, CallFacts) else None,
+        compile_s=entry.compile_s,
+        peak_mem_bytes=entry.peak_mem_bytes,
+        kernels_in_graphs=facts.kernels_in_graphs if isinstance(facts, CallFacts) else None,
+        kernel_launches=facts.kernel_launches if isinstance(facts, CallFacts) else None,
+        graph_launches=facts.graph_launches if isinstance(facts, CallFacts) else None,
+        copy_bytes_per_replay=copy_bytes,
+        details=details,
+    )

@@ -1,0 +1,52 @@
+"""Interleaved latency sampling with CUDA events.
+
+Problem: clocks, thermals and other tenants drift during a run; timing one mode after another turns
+that drift into fake speedups. Design: every round times each mode once, in an order rotated by one
+position per round, so each mode sees every position equally often. One sample is one call: the
+stream is synchronised first (the GPU is idle), an event is recorded before the call and one after,
+and the elapsed time between them includes the CPU's launch overhead, which is what CUDA graphs
+remove. Raw samples are returned; summaries are the report's job.
+
+Invariant: a mode whose call raises stops being timed; its error is returned, the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def interleaved_order(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """``rounds`` orders of ``names``, each rotated one step further than the previous one."""
+    n = len(names)
+    return [[names[(r + i) % n] for i in range(n)] for r in range(rounds)] if n else []
+
+
+def time_interleaved(
+    calls: dict[str, Callable[[], Any]], samples: int
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """``samples`` CUDA-event timings (ms) of every call, interleaved; plus errors by name."""
+    import torch
+
+    results: dict[str, list[float]] = {name: [] for name in calls}
+    errors: dict[str, str] = {}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for order in interleaved_order(list(calls), samples):
+        for name in order:
+            if name in errors:
+                continue
+            torch.cuda.synchronize()
+            try:
+                start.record()
+                calls[name]()
+                end.record()
+                end.synchronize()
+            except Exception as exc:  # recorded, and the remaining modes keep their rounds
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                logger.warning("timing %s failed: %s", name, errors[name])
+                continue
+            results[name].append(float(start.elapsed_time(end)))
+    return results, errors

@@ -1,0 +1,220 @@
+"""``grace-matrix report`` and ``results-doc`` (matrix/report.py) over a small store."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session
+
+from matrix.commands import COMMAND_MODULES, results_doc
+from matrix.commands import report as report_command
+from matrix.report import build_report, render_markdown, render_text, speedup
+from matrix.store.db import open_store
+from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
+
+T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+
+
+class Store:
+    def __init__(self, tmp_path: Path) -> None:
+        self.url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+        self.Session = open_store(self.url)
+        self.workloads: dict[str, Workload] = {}
+
+    def cell(self, session: Session, cell_id: str = "torch-2.11") -> Cell:
+        cell = Cell(
+            fingerprint=uuid.uuid4().hex, cell_id=cell_id, kind="current", torch_version="2.11.0",
+            triton_version="3.6.0", cuda_runtime="13.0", gpu_name="NVIDIA H200", python_version="3.11",
+            platform="linux-x86_64",
+        )  # fmt: skip
+        session.add(cell)
+        session.flush()
+        return cell
+
+    def run(self, session: Session, cell: Cell, minutes: int) -> Run:
+        run = Run(
+            uid=str(uuid.uuid4()), cell=cell, started_at=T0 + dt.timedelta(minutes=minutes), status="complete"
+        )
+        session.add(run)
+        session.flush()
+        return run
+
+    def workload(self, session: Session, name: str) -> Workload:
+        if name not in self.workloads:
+            wl = Workload(name=name, code_hash="abc", tier="standard", tags=[])
+            session.add(wl)
+            session.flush()
+            self.workloads[name] = wl
+        return self.workloads[name]
+
+    def results(
+        self, session: Session, run: Run, name: str, medians: dict[str, float | None], **extra: Any
+    ) -> None:
+        wl = self.workload(session, name)
+        for mode, median in medians.items():
+            key = f"{name}-{mode}"
+            status = extra.get("correctness", {}).get(mode, "pass")
+            reason = extra.get("reasons", {}).get(mode)
+            session.add(CorrectnessResult(run=run, workload=wl, mode=mode, status=status, reason=reason,
+                                          record_key=f"c-{key}"))  # fmt: skip
+            session.add(
+                PerformanceResult(
+                    run=run, workload=wl, mode=mode, record_key=f"p-{key}",
+                    status="ok" if median is not None else "skip", median_ms=median,
+                    samples_ms=[median] * 30 if median is not None else [], floor_ms=0.5, compile_s=2.0,
+                    kernels_in_graphs=7 if mode.startswith(("pt2cg", "grace")) else 0,
+                    kernel_launches=1, graph_launches=1, copy_bytes_per_replay=4096,
+                )
+            )  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path)
+
+
+def rows_by_mode(report: Any, workload: str) -> dict[str, Any]:
+    return {row.mode: row for row in report.rows if row.workload == workload}
+
+
+def test_speedup() -> None:
+    assert speedup(2.0, 1.0) == 2.0
+    assert speedup(None, 1.0) is None and speedup(1.0, None) is None and speedup(0.0, 1.0) is None
+
+
+def test_speedups_within_one_run(store: Store) -> None:
+    with store.Session.begin() as session:
+        cell = store.cell(session)
+        run = store.run(session, cell, 0)
+        store.results(session, run, "XLNet", {"eager": 4.0, "inductor": 2.0, "pt2cg": 1.0, "grace": 0.8})
+    with store.Session() as session:
+        report = build_report(session)
+    rows = rows_by_mode(report, "XLNet")
+    assert list(rows) == ["eager", "inductor", "pt2cg", "grace"]  # canonical mode order
+    assert rows["eager"].speedup_vs_inductor == pytest.approx(0.5)
+    assert rows["inductor"].speedup_vs_inductor == pytest.approx(1.0)
+    assert rows["grace"].speedup_vs_inductor == pytest.approx(2.5)
+    assert rows["grace"].speedup_vs_pt2cg == pytest.approx(1.25)
+    assert rows["pt2cg"].kernels_in_graphs == 7 and rows["pt2cg"].copy_bytes_per_replay == 4096
+    assert rows["grace"].status == "pass" and rows["grace"].run_uid == run.uid
+
+
+def test_missing_or_skipped_baseline_gives_none(store: Store) -> None:
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        store.results(session, run, "mlp", {"eager": 1.0, "inductor": None, "grace": 0.5})
+    with store.Session() as session:
+        rows = rows_by_mode(build_report(session), "mlp")
+    assert rows["inductor"].median_ms is None and rows["inductor"].perf_status == "skip"
+    assert all(r.speedup_vs_inductor is None and r.speedup_vs_pt2cg is None for r in rows.values())
+
+
+def test_never_mixes_runs(store: Store) -> None:
+    with store.Session.begin() as session:
+        cell = store.cell(session)
+        old = store.run(session, cell, 0)
+        new = store.run(session, cell, 10)
+        store.results(session, old, "dlrm", {"inductor": 2.0, "grace": 1.0})
+        store.results(session, old, "alexnet", {"inductor": 3.0, "pt2cg": 1.5})
+        store.results(session, new, "dlrm", {"grace": 0.9})  # the newer run lacks inductor for dlrm
+    with store.Session() as session:
+        report = build_report(session)
+    dlrm, alexnet = rows_by_mode(report, "dlrm"), rows_by_mode(report, "alexnet")
+    assert list(dlrm) == ["grace"] and dlrm["grace"].run_uid == new.uid
+    assert dlrm["grace"].speedup_vs_inductor is None  # not computed against the old run's inductor
+    assert alexnet["pt2cg"].run_uid == old.uid and alexnet["pt2cg"].speedup_vs_inductor == pytest.approx(2.0)
+    assert [r.uid for r in report.runs] == [old.uid, new.uid]
+
+
+def test_selection_by_run_cell_and_workload(store: Store) -> None:
+    with store.Session.begin() as session:
+        a, b = store.cell(session, "torch-2.11"), store.cell(session, "torch-2.9")
+        run_a, run_b = store.run(session, a, 0), store.run(session, b, 1)
+        store.results(session, run_a, "mlp", {"eager": 1.0})
+        store.results(session, run_b, "mlp", {"eager": 2.0})
+        store.results(session, run_b, "dlrm", {"eager": 2.0})
+    with store.Session() as session:
+        assert build_report(session).cells() == ["torch-2.11", "torch-2.9"]
+        assert build_report(session, cells=["torch-2.9"]).cells() == ["torch-2.9"]
+        assert {r.run_uid for r in build_report(session, uids=[run_a.uid]).rows} == {run_a.uid}
+        assert {r.workload for r in build_report(session, workloads=["dl*"]).rows} == {"dlrm"}
+        assert build_report(session, labels=["none"]).rows == ()
+
+
+def test_text_and_markdown(store: Store) -> None:
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        store.results(
+            session, run, "speech", {"inductor": 2.0, "grace": 1.0},
+            correctness={"grace": "fail_accuracy"}, reasons={"grace": "max_abs=3 | <script>"},
+        )  # fmt: skip
+    with store.Session() as session:
+        report = build_report(session)
+    text = render_text(report)
+    assert "cell torch-2.11: torch 2.11.0, triton 3.6.0, CUDA 13.0, NVIDIA H200" in text
+    assert "2.00x" in text and "4.0 KiB" in text
+    assert "not passing:\n  speech / grace: fail_accuracy: max_abs=3 | <script>" in text
+    markdown = render_markdown(report)
+    assert "Do not edit by hand" in markdown and "| speech | standard | grace | fail_accuracy |" in markdown
+    assert "max_abs=3 \\| &lt;script&gt;" in markdown  # escaped, one line
+    assert "No results" in render_markdown(build_report_empty(store))
+
+
+def build_report_empty(store: Store) -> Any:
+    with store.Session() as session:
+        return build_report(session, uids=["nope"])
+
+
+def namespace(store: Store, **kw: Any) -> argparse.Namespace:
+    return argparse.Namespace(db=store.url, json=False, run=[], label=[], cell=[], workload=[], **kw)
+
+
+def test_commands(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert {"report", "results_doc"} <= set(COMMAND_MODULES)
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        store.results(session, run, "mlp", {"inductor": 2.0, "pt2cg": 1.0})
+    args = namespace(store)
+    args.json = True
+    assert report_command.handle(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["format"] == 1 and data["columns"][0] == "status"
+    assert {r["mode"]: r["speedup_vs_inductor"] for r in data["rows"]} == {"inductor": 1.0, "pt2cg": 2.0}
+    assert report_command.handle(namespace(store)) == 0
+    assert "pt2cg" in capsys.readouterr().out
+    target = tmp_path / "docs" / "RESULTS.md"
+    assert results_doc.handle(namespace(store, output=str(target))) == 0
+    assert "| mlp | standard | pt2cg | pass |" in target.read_text()
+
+
+def test_register_adds_parsers() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    report_command.register(sub)
+    results_doc.register(sub)
+    args = parser.parse_args(["report", "--cell", "torch-2.11", "--workload", "dl*"])
+    assert args.handler is report_command.handle and args.cell == ["torch-2.11"]
+    args = parser.parse_args(["results-doc", "-o", "-"])
+    assert args.handler is results_doc.handle and args.output == "-"
+
+
+def test_report_over_export_files(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matrix.transfer", reason="needs the export format of grace-matrix export")
+    from matrix.cli import main
+
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        store.results(session, run, "mlp", {"inductor": 3.0, "grace": 1.0})
+    export = tmp_path / "results.jsonl"
+    assert main(["export", "--db", store.url, "-o", str(export)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--input", str(export), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["mode"]: r["speedup_vs_inductor"] for r in rows} == {"inductor": 1.0, "grace": 3.0}
+    assert main(["report", "--input", str(tmp_path / "missing.jsonl")]) == 2

@@ -1,0 +1,101 @@
+"""Profiler trace reduction, interleaving and grace.stats reading, on synthetic data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from suites import grace_stats
+from suites.launches import facts_from_trace
+from suites.timing import interleaved_order
+
+
+def ev(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def test_direct_and_graph_kernels() -> None:
+    trace = {
+        "traceEvents": [
+            ev("cuda_runtime", "cudaLaunchKernel", 0, 2, correlation=1),
+            ev("kernel", "k_direct", 10, 5, correlation=1),
+            ev("cuda_driver", "cuLaunchKernel", 3, 2, correlation=2),
+            ev("kernel", "triton_poi", 16, 4, correlation=2),
+            ev("cuda_runtime", "cudaGraphLaunch", 5, 3, correlation=3),
+            ev("kernel", "g1", 30, 2, correlation=3),
+            ev("kernel", "g2", 32, 2, correlation=3),
+            ev("kernel", "g3", 40, 1, **{"correlation": 99, "graph node id": 7}),
+            ev("gpu_memcpy", "Memcpy DtoD", 34, 1, correlation=3, bytes=4096),
+            ev("gpu_memset", "Memset", 50, 1, correlation=4),
+            {"ph": "i", "cat": "kernel", "name": "instant, ignored"},
+            ev("cpu_op", "aten::add", 0, 100),
+        ]
+    }
+    facts = facts_from_trace(trace)
+    assert facts.kernel_launches == 2
+    assert facts.graph_launches == 1
+    assert facts.kernels_in_graphs == 3
+    assert facts.memcpy_count == 1 and facts.memcpy_bytes == 4096 and facts.memset_count == 1
+    assert facts.kernel_ms == pytest.approx(14 / 1000)
+    # busy: [10,15] [16,20] [30,32] [32,34] [34,35] [40,41] [50,51] -> 5 + 4 + 5 + 1 + 1 = 16 us
+    assert facts.busy_ms == pytest.approx(16 / 1000)
+
+
+def test_overlapping_activity_is_not_double_counted() -> None:
+    trace = {"traceEvents": [ev("kernel", "a", 0, 10), ev("kernel", "b", 5, 10), ev("kernel", "c", 30, 5)]}
+    facts = facts_from_trace(trace)
+    assert facts.busy_ms == pytest.approx(20 / 1000) and facts.kernel_ms == pytest.approx(25 / 1000)
+
+
+def test_empty_trace() -> None:
+    facts = facts_from_trace({"traceEvents": []})
+    assert (facts.kernel_launches, facts.graph_launches, facts.busy_ms) == (0, 0, 0.0)
+
+
+def test_interleaved_order_rotates() -> None:
+    orders = interleaved_order(["a", "b", "c"], 4)
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    for position in range(3):  # every name in every position equally often over a full cycle
+        assert sorted(o[position] for o in orders[:3]) == ["a", "b", "c"]
+    assert interleaved_order([], 3) == []
+
+
+@dataclass
+class Slot:
+    graph_id: str
+    copy_bytes_per_replay: int
+
+
+class Holder:
+    def __init__(self, graphs: Any) -> None:
+        self.graphs = graphs
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [
+            {"graph_id": "g1.1", "copy_bytes_per_replay": 100},
+            {"graph_id": "g2.2", "copy_bytes_per_replay": 28},
+        ],
+        {"g1.1": {"copy_bytes_per_replay": 100}, "g2.2": {"copy_bytes_per_replay": 28}},
+        Holder([Slot("g1.1", 100), Slot("g2.2", 28)]),
+        {"graphs": [Slot("g1.1", 100), Slot("g2.2", 28)]},
+    ],
+)
+def test_grace_stats_shapes(raw: Any) -> None:
+    entries = grace_stats._entries(raw)
+    assert set(entries) == {"g1.1", "g2.2"}
+    assert grace_stats.total(entries, "copy_bytes_per_replay") == 128
+    assert grace_stats.total(grace_stats.select(entries, ["g2.2"]), "copy_bytes_per_replay") == 28
+    assert grace_stats.total(entries, "absent") is None
+
+
+def test_grace_stats_without_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "grace", types.ModuleType("grace"))  # no stats attribute
+    assert grace_stats.snapshot() == {} and grace_stats.graph_keys() == set()
