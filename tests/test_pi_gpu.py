@@ -18,6 +18,7 @@ pytestmark = pytest.mark.gpu
 
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     import torch
+
     from grace.backend import GraceBackend
     from grace.options import GraceOptions
 

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from grace.backend import GraceBackend
-from grace.options import GraceOptions
 
 import grace
+from grace.backend import GraceBackend
+from grace.options import GraceOptions
 
 NUMERIC_WORKLOADS = (
     "elementwise_64x1m",

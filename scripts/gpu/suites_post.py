@@ -47,7 +47,6 @@ def copy_store(url: str, out: Path) -> None:
 def export(url: str, out: Path) -> None:
     try:
         from matrix.cli import main
-
         from matrix.commands import COMMAND_MODULES
 
         if "export" not in COMMAND_MODULES:

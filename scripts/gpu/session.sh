@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One GPU lease call: bring the store's dependencies (wheels carried beside the tree, no network there),
+# then run the steps named on the command line, each under its own time limit, logging to $OUT.
+#
+# usage: scripts/gpu/session.sh STEP[:SECONDS] ... [-- run_suites.sh arguments]
+#   gpu-tests   pytest -m gpu over tests/ (runtime, capture, PI and CGCT device tests)
+#   cgct        scripts/gpu/cgct_check.py (kernels inside graphs with and without graph partitions)
+#   pi          scripts/gpu/pi_gpu_check.py (PI numerics after moves, bytes per replay, timing)
+#   suites      scripts/gpu/run_suites.sh with the arguments after --
+# Everything lands in one bundle.tar.gz (plus the store export and the log) in $OUT.
+# Wheels: a directory named by $GRACE_WHEELS (default: .carry/wheels) holding SQLAlchemy, Alembic and
+# Mako for the device's Python; skipped when those import already.
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BACK="${OUT:-$REPO/.cache/back}"  # what the caller gets: the bundle and the export
+OUT="$REPO/.cache/out/$(date -u +%Y%m%dT%H%M%SZ)"  # everything the steps write
+mkdir -p "$OUT" "$BACK"
+cd "$REPO" || exit 2
+exec > >(tee -a "$OUT/session.log") 2>&1
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR="$REPO/.cache/inductor" TRITON_CACHE_DIR="$REPO/.cache/triton"
+export GRACE_CACHE_DIR="$REPO/.cache/grace"
+T0=$SECONDS
+log() { echo "[session +$((SECONDS - T0))s] $*"; }
+
+if ! python -c "import sqlalchemy, alembic" 2>/dev/null; then
+  WHEELS="${GRACE_WHEELS:-$REPO/.carry/wheels}"
+  log "installing the store's dependencies from $WHEELS"
+  python -m pip install --quiet --no-index --find-links "$WHEELS" sqlalchemy alembic mako || log "install failed"
+fi
+
+STEPS=()
+while [[ $# -gt 0 && "$1" != "--" ]]; do STEPS+=("$1"); shift; done
+[[ "${1:-}" == "--" ]] && shift
+SUITE_ARGS=("$@")
+
+for spec in "${STEPS[@]}"; do
+  step="${spec%%:*}"; limit="${spec#*:}"; [[ "$limit" == "$spec" ]] && limit=300
+  log "step $step (limit ${limit}s)"
+  case "$step" in
+    gpu-tests)
+      timeout -s INT -k 20 "$limit" python -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
+        --junitxml "$OUT/gpu-tests.xml" ;;
+    cgct)
+      OUT="$OUT" timeout -s INT -k 20 "$limit" python scripts/gpu/cgct_check.py ;;
+    pi)
+      timeout -s INT -k 20 "$limit" python scripts/gpu/pi_gpu_check.py --out "$OUT/pi" \
+        --deadline-s "$((limit - 30))" ;;
+    suites)
+      OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
+    *) log "unknown step $step" ;;
+  esac
+  log "step $step exited $?"
+done
+log "done; bundling $OUT"
+tar -czf "$BACK/bundle.tar.gz" -C "$OUT" . && cp "$OUT"/*export*.jsonl "$BACK"/ 2>/dev/null
+cp "$OUT/session.log" "$BACK/session.log"
+ls -la "$BACK"
