@@ -7,7 +7,7 @@ Design: devices, shapes and dtypes are checked on fake CUDA tensors (grace.cgct.
 ``transform`` itself refuses a rewrite whose outputs differ). Values are checked here by running the
 original and the rewritten graph for real on the CPU, with every target device mapped to the CPU:
 device arguments inside the graphs, the input adapter's copies and GPU constants are all redirected.
-Folded constants are read back from the CPU values CGCT computed them from (``_cgct_constants``);
+Folded constants are literal factories and run like any other factory on the mapped device;
 mirrors from their CPU sources. Both graphs then run the same CPU kernels, so outputs must be equal
 bit for bit. What this cannot see is a difference between CPU and GPU kernels: the plan keeps such
 ops on the CPU (grace.cgct.ops), and the GPU suites compare against eager on the device.
@@ -71,10 +71,7 @@ class _Emulator(torch.fx.Interpreter):
         return super().call_method(target, mapped_args, mapped_kwargs)
 
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
-        constants = getattr(self.module, "_cgct_constants", {})
         mirrors = getattr(self.module, "_cgct_mirrors", {})
-        if target in constants:
-            return constants[target]
         if target in mirrors:
             return self.tensor_map(mirrors[target])
         value = super().get_attr(target, args, kwargs)

@@ -4,7 +4,7 @@
 #
 # usage: scripts/gpu/session.sh STEP[:SECONDS] ... [-- run_suites.sh arguments]
 #   gpu-tests   pytest -m gpu over tests/ (runtime, capture, PI and CGCT device tests)
-#   cgct        scripts/gpu/cgct_check.py (kernels inside graphs with and without graph partitions)
+#   cgct        scripts/gpu/cgct_check.py $GRACE_CGCT_ARGS (kernels in graphs, with and without partitions)
 #   pi          scripts/gpu/pi_gpu_check.py (PI numerics after moves, bytes per replay, timing)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 # Everything lands in one bundle.tar.gz (plus the store export and the log) in $OUT.
@@ -43,7 +43,8 @@ for spec in "${STEPS[@]}"; do
       timeout -s INT -k 20 "$limit" python -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
         --junitxml "$OUT/gpu-tests.xml" ;;
     cgct)
-      OUT="$OUT" timeout -s INT -k 20 "$limit" python scripts/gpu/cgct_check.py ;;
+      # shellcheck disable=SC2086  # GRACE_CGCT_ARGS holds several words on purpose
+      OUT="$OUT" timeout -s INT -k 20 "$limit" python scripts/gpu/cgct_check.py ${GRACE_CGCT_ARGS:-} ;;
     pi)
       timeout -s INT -k 20 "$limit" python scripts/gpu/pi_gpu_check.py --out "$OUT/pi" \
         --deadline-s "$((limit - 30))" ;;

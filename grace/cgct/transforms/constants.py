@@ -5,7 +5,8 @@ tensors inside the graph; one CPU node disables CUDA graphs (before 2.9) or spli
 
 Design: a constant subgraph (planned ``FOLD``: no inputs but constants, deterministic, not mutated,
 not returned) is evaluated once, here, on the CPU by the same code the user wrote, and its frontier
-values are stored on the graph as GPU attributes (``_cgct_constant_<n>``) read with ``get_attr``.
+values are put back into the graph as literal GPU factories (``torch.tensor(values, device=gpu)``,
+see Note: [Constants are literals]); constants over ``MAX_LITERAL_ELEMENTS`` stay on the CPU.
 Values are therefore bit-identical to what the original graph computed, including float ``arange``
 whose CPU and GPU kernels differ. A factory whose arguments are symbolic (dynamic shapes; planned
 ``FACTORY``) cannot be evaluated ahead: its ``device`` keyword is set to the GPU, which the plan
@@ -29,6 +30,8 @@ from grace.cgct.transforms import example_fake_mode, materialize, nodes_by_name
 from grace.compat import dynamo as compat
 
 log = logging.getLogger(__name__)
+
+MAX_LITERAL_ELEMENTS = 1 << 16
 
 
 def _evaluate(node: torch.fx.Node, env: dict[str, Any], facts: GraphFacts, original: torch.fx.Node) -> Any:
@@ -60,10 +63,10 @@ def fold_constants(
     facts: GraphFacts,
     example_inputs: list[Any],
 ) -> dict[torch.fx.Node, str]:
-    """Replace planned constant subgraphs by GPU attributes; returns original frontier node -> note.
+    """Replace planned constant subgraphs by GPU literals; returns original frontier node -> note.
 
-    Also records the CPU value of every attribute it creates in ``gm._cgct_constants`` (name ->
-    CPU tensor) so that the rewrite can be checked without a GPU (grace.cgct.verify).
+    Also records the CPU value of every literal it creates in ``gm._cgct_constants`` (node name ->
+    CPU tensor), so tests and explain can show what was folded.
     """
     folded = {node.name for node in relocation.nodes(Action.FOLD)}
     if not folded:
@@ -85,12 +88,21 @@ def fold_constants(
         value = env[node.name]
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"constant {node.name} folded to {type(value).__name__}, not a tensor")
-        name = f"_cgct_constant_{len(constants)}"
+        if value.numel() > MAX_LITERAL_ELEMENTS:
+            log.info("constant %s has %d elements: left on the CPU", node.name, value.numel())
+            continue  # its CPU subgraph stays; the transform's self-check reports what remains
         placed = materialize(value, relocation.target, fake_mode)
-        setattr(gm, name, placed)
-        constants[name] = value
+        # Note: [Constants are literals] A tensor attribute would reach AOTAutograd's fake trace as a
+        # real tensor (an error), and a new buffer or input has no Dynamo source. A literal
+        # ``torch.tensor(values, dtype, device)`` is traced like any factory and holds exactly the
+        # values the CPU computed (tolist() is exact for every dtype torch.tensor accepts).
         with gm.graph.inserting_before(node):
-            attribute = gm.graph.create_node("get_attr", name)
+            attribute = gm.graph.call_function(
+                torch.tensor,
+                (value.tolist(),),
+                {"dtype": value.dtype, "device": torch.device(relocation.target)},
+            )
+        constants[attribute.name] = value
         attribute.meta = dict(node.meta)
         old = compat.node_value(node)
         if isinstance(old, torch.Tensor) and compat.is_fake(old):
