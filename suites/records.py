@@ -172,6 +172,7 @@ class DiagnosticRecord(_Record):
     source: str = ""
     message: str = ""
     transformed: bool = False
+    effect: str = ""  # disables_graphs | splits_graph | rerecords | none
 
 
 Record = CorrectnessRecord | PerformanceRecord | PIStageRecord | DiagnosticRecord

@@ -1,0 +1,104 @@
+"""grace.compat.dynamo: the Dynamo/FX facts CGCT relies on, checked on the running torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo import exc
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from grace.cgct.adapter import HoistStep, InputAdapter, MirrorStep
+from grace.compat import dynamo as compat
+
+
+@pytest.mark.parametrize(
+    ("name", "attribute"),
+    [
+        ("L['x']", False),
+        ("L['xs'][0]", False),
+        ("L['kwargs']['mask']", False),
+        ("L['self'].anchors", True),
+        ("L['self']._modules['head']._buffers['anchors']", True),
+        ("L['self'].grids[1]", True),
+        ("G['TABLE']", True),
+        ("___from_numpy(L['array'])", False),
+        (None, False),
+    ],
+)
+def test_attribute_sources(name: str | None, attribute: bool) -> None:
+    assert compat.is_attribute_source(name) is attribute
+
+
+def test_forbidden_ops_include_local_scalar_dense() -> None:
+    assert any("_local_scalar_dense" in op for op in compat.forbidden_cudagraph_ops())
+
+
+def test_plain_restart_analysis_from_a_backend_fails() -> None:
+    """Note [Asking Dynamo to retrace]: Dynamo wraps a plain RestartAnalysis from a backend."""
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        raise exc.RestartAnalysis()
+
+    torch._dynamo.reset()
+    with pytest.raises(exc.BackendCompilerFailed):
+        torch.compile(lambda x: x * 2, backend=backend)(torch.ones(2))
+
+
+@pytest.mark.skipif(compat.restart_exception_type() is None, reason="no retrace request passes through")
+def test_restart_request_makes_dynamo_retrace() -> None:
+    calls: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            restart = compat.make_restart("test")
+            assert isinstance(restart, exc.RestartAnalysis)
+            raise restart
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(lambda x: x * 2, backend=backend)(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 2.0)) and calls == [0, 1]
+
+
+def test_relocate_tensor_keeps_identity_class_and_flag() -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        parameter = torch.nn.Parameter(torch.empty(3), requires_grad=False)
+    holder = [parameter]
+    compat.relocate_tensor(parameter, torch.device("cuda", 0))
+    assert holder[0] is parameter and isinstance(parameter, torch.nn.Parameter)
+    assert parameter.device == torch.device("cuda", 0) and not parameter.requires_grad
+
+
+def test_clone_graph_module_keeps_dynamo_metadata() -> None:
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    gm.meta["dynamo_compile_id"] = "0/0"
+    placeholder = next(iter(gm.graph.nodes))
+    placeholder._dynamo_source = "source"  # type: ignore[attr-defined]
+    clone = compat.clone_graph_module(gm)
+    assert clone.meta["dynamo_compile_id"] == "0/0"
+    assert next(iter(clone.graph.nodes))._dynamo_source == "source"
+    assert clone.graph is not gm.graph
+
+
+def test_mirror_refreshes_only_when_the_attribute_changes() -> None:
+    source = torch.arange(4.0)
+    mirror = source.clone()
+    step = MirrorStep(source=source, mirror=mirror, index=0)
+    adapter = InputAdapter([step])
+    assert adapter([source])[0] is mirror
+    mirror.fill_(-1)  # a stale mirror is left alone while the attribute is unchanged ...
+    assert adapter([source])[0][0] == -1
+    source.add_(1)  # ... and refreshed in place once the attribute's version moves
+    out = adapter([source])[0]
+    assert out is mirror and torch.equal(mirror, torch.arange(4.0) + 1)
+
+
+def test_hoist_step_copies() -> None:
+    x = torch.ones(3)
+    (copied,) = InputAdapter([HoistStep(index=0, device=torch.device("cpu"))]).apply(
+        [x], {torch.device("cpu"): torch.device("cpu")}
+    )
+    assert copied is not x and torch.equal(copied, x)
