@@ -15,4 +15,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ingest",
     "merge",
     "summary",
+    "ci_plan",
+    "nightly",
 )
