@@ -8,7 +8,7 @@ fingerprint so their results land in the same cell row, and a Triton-only enviro
 Design: versions come from package metadata; torch's CUDA runtime from ``torch/version.py`` read as text
 (importing torch costs seconds and memory in the recording process), falling back to ``import torch``;
 driver, GPU name and capability from ``nvidia-smi`` (no CUDA context is created in the recording
-process), falling back to ``torch.cuda`` when nvidia-smi is absent. Everything that is not there is
+process), falling back to ``torch.cuda`` only when an NVIDIA driver is present but nvidia-smi is not. Everything that is not there is
 ``None``. The project's git sha is recorded per run, not per cell.
 
 Invariants:
@@ -90,7 +90,9 @@ def probe_environment(cell_id: str = "current", kind: str = "current") -> Enviro
     """Fingerprint the running interpreter (see the module docstring for the sources)."""
     torch_version = _dist_version("torch")
     cuda_runtime, torch_extra = _torch_build_info() if torch_version else (None, {})
-    gpu = _gpu_from_nvidia_smi() or (_gpu_from_torch() if torch_version else None)
+    gpu = _gpu_from_nvidia_smi()
+    if gpu is None and torch_version and _nvidia_driver_present():
+        gpu = _gpu_from_torch()  # a driver but no nvidia-smi (slim images): ask torch, at a CUDA init's cost
     extra: dict[str, Any] = {
         "platform_full": platform.platform(),
         "implementation": sys.implementation.name,
@@ -210,6 +212,10 @@ def _gpu_from_torch() -> GPUInfo | None:
     except Exception as exc:  # a broken CUDA setup is a fact about the cell, not a reason to stop
         logger.warning("could not query the GPU through torch: %s", exc)
         return None
+
+
+def _nvidia_driver_present() -> bool:
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
 
 
 def _driver_from_proc() -> str | None:

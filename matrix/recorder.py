@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.errors import MatrixError
 from matrix.fingerprint import probe_environment, project_git_sha
+from matrix.runner import ENV_CELL, ENV_LABEL
 from matrix.store.access import (
     command_line,
     finish_run,
@@ -68,8 +69,6 @@ from suites.records import (
 
 logger = logging.getLogger(__name__)
 
-ENV_CELL = "GRACE_MATRIX_CELL"
-ENV_LABEL = "GRACE_MATRIX_LABEL"
 PLUGIN_NAME = "grace-matrix-recorder"
 _MAX_ATTEMPTS = 5
 _MESSAGE_LIMIT = 4000

@@ -38,6 +38,8 @@ from matrix.store.models import RunStatus
 logger = logging.getLogger(__name__)
 
 ENV_TIER = "GRACE_SUITE_TIER"
+ENV_CELL = "GRACE_MATRIX_CELL"
+ENV_LABEL = "GRACE_MATRIX_LABEL"
 PYTEST_COMPLETE = (0, 1, 5)  # ok, tests failed, no tests collected: the suites ran
 
 
@@ -72,7 +74,7 @@ def pytest_command(
         if importlib.util.find_spec("xdist") is None:
             logger.warning("pytest-xdist is not installed; running the suites in one process")
         else:
-            argv += ["-n", workers]
+            argv += ["-n", workers, "--dist=loadgroup"]  # tests sharing an xdist_group share a worker
     if cell.markers:
         argv += ["-m", cell.markers]
     return argv + list(pytest_args)
@@ -92,7 +94,10 @@ def run_cell(
     argv = pytest_command(cell, url, uid, label, workers, pytest_args)
     env = dict(os.environ)
     env[ENV_TIER] = cell.tier
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project_root), env.get("PYTHONPATH")]))
+    # The project's packages (suites, grace) from the project root; this matrix package wherever it is.
+    own_root = str(Path(__file__).resolve().parent.parent)
+    paths = [str(project_root), own_root, env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     logger.info("running %s", command_line(argv))
     try:
         code = subprocess.call(argv, cwd=project_root, env=env)

@@ -100,7 +100,7 @@ def summarize(
         stmt = stmt.where(Cell.cell_id.in_(cells))
     chosen: list[tuple[Run, Cell]] = []
     seen: set[str] = set()
-    for run, cell in session.execute(stmt).tuples():
+    for run, cell in session.execute(stmt):
         if latest_only and not uids:
             if cell.cell_id in seen:
                 continue
@@ -115,12 +115,12 @@ def summarize(
         .where(TestOutcome.run_pk.in_(pks))
         .group_by(TestOutcome.run_pk, TestOutcome.outcome)
     )
-    for run_pk, outcome, n in session.execute(counts).tuples():
+    for run_pk, outcome, n in session.execute(counts):
         outcomes[run_pk][outcome] = n
     records: dict[int, dict[str, int]] = {pk: {} for pk in pks}
     for name, model in _RECORDS.items():
         grouped = select(model.run_pk, func.count()).where(model.run_pk.in_(pks)).group_by(model.run_pk)
-        for run_pk, n in session.execute(grouped).tuples():
+        for run_pk, n in session.execute(grouped):
             records[run_pk][name] = n
     return [
         RunSummary(

@@ -10,8 +10,7 @@ from typing import Any
 from matrix.cells import default_config_path, load_matrix
 from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
-from matrix.recorder import ENV_CELL, ENV_LABEL
-from matrix.runner import record_install_failure, run_cell
+from matrix.runner import ENV_CELL, ENV_LABEL, record_install_failure, run_cell
 from matrix.store.db import default_url, open_store
 from matrix.store.models import RunStatus
 
