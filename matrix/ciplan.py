@@ -369,6 +369,10 @@ def drift(expected: str, path: Path) -> list[str]:
         return []
     return list(
         difflib.unified_diff(
-            current.splitlines(), expected.splitlines(), f"{path} (committed)", f"{path} (from matrix.toml)", lineterm=""
+            current.splitlines(),
+            expected.splitlines(),
+            f"{path} (committed)",
+            f"{path} (from matrix.toml)",
+            lineterm="",
         )
     )

@@ -7,8 +7,8 @@ says: GitHub Actions reads YAML 1.2, PyYAML reads YAML 1.1, where ``on``, ``yes`
 
 Design: mappings and sequences in block style, keys in insertion order; a list of short plain scalars
 in flow style (``runs-on: [self-hosted, gpu-h100]``); multi-line strings as literal blocks (``|``);
-any other string plain only when it is unambiguous in both YAML versions, else double-quoted with JSON
-escapes (a JSON string is a valid YAML double-quoted scalar).
+any other string plain only when it is unambiguous in both YAML versions, else double-quoted with every
+non-printable character escaped.
 
 Invariant: ``yaml.safe_load(dump(data)) == data`` for the types written here (dict with str keys, list,
 str, int, bool); anything else raises ``TypeError``.
@@ -16,14 +16,14 @@ str, int, bool); anything else raises ``TypeError``.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_PLAIN = re.compile(r"^[A-Za-z_./][A-Za-z0-9_./@ -]*$")
+_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@ -]*$")
 _KEYWORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 _FLOW_WIDTH = 100
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t"}
 
 
 def scalar(value: str | int | bool) -> str:
@@ -41,7 +41,24 @@ def scalar(value: str | int | bool) -> str:
         and ": " not in value
         and " #" not in value
     )
-    return value if plain else json.dumps(value, ensure_ascii=False)
+    return value if plain else quote(value)
+
+
+def quote(value: str) -> str:
+    """A double-quoted scalar: printable characters as they are, everything else escaped."""
+    out = ['"']
+    for ch in value:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch.isprintable() and ch not in "\ufeff\ufffe\uffff" and ord(ch) != 0x7F:
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(
+                f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )
+    out.append('"')
+    return "".join(out)
 
 
 def _flow(items: Sequence[Any]) -> str | None:
@@ -51,9 +68,15 @@ def _flow(items: Sequence[Any]) -> str | None:
     return text if len(text) <= _FLOW_WIDTH else None
 
 
+def _literal_safe(text: str) -> bool:
+    """Whether a literal block keeps ``text`` exactly: printable lines, no leading blank or space, no
+    trailing blank lines (the block indentation and chomping rules would change those)."""
+    if text.endswith("\n\n") or text.startswith((" ", "\n", "\t")):
+        return False
+    return all(line.isprintable() and line == line.rstrip() for line in text.split("\n"))
+
+
 def _literal(text: str, indent: int) -> str:
-    if text.endswith("\n\n") or text.startswith((" ", "\n")):
-        raise TypeError(f"cannot write {text!r} as a literal block (leading space or trailing blank lines)")
     chomp = "" if text.endswith("\n") else "-"
     pad = " " * indent
     body = "".join(f"{pad}{line}\n" if line else "\n" for line in text.removesuffix("\n").split("\n"))
@@ -73,7 +96,7 @@ def _value(value: Any, indent: int) -> str:
         if flow is not None:
             return f" {flow}\n"
         return "\n" + _sequence(value, indent)
-    if isinstance(value, str) and "\n" in value:
+    if isinstance(value, str) and "\n" in value and _literal_safe(value):
         return " " + _literal(value, indent)
     return f" {scalar(value)}\n"
 

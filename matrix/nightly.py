@@ -60,6 +60,7 @@ from matrix.transfer import RunFilter, TransferStats, export_jsonl, ingest_jsonl
 logger = logging.getLogger(__name__)
 
 _TERMINATE_GRACE_S = 20.0
+ENV_WORKERS = "GRACE_MATRIX_WORKERS"
 
 
 class StoreMode(str, enum.Enum):
@@ -82,7 +83,7 @@ class NightlyOptions:
     jobs: int
     workdir: Path
     config_path: Path
-    workers: str = "0"
+    workers: str | None = None  # pytest-xdist workers per cell; None: the cell command's default
     timeout_s: float | None = None
     pytest_args: tuple[str, ...] = ()
     report: bool = True
@@ -186,7 +187,9 @@ def cell_command(options: NightlyOptions, cell: CellSpec) -> list[str]:
         argv += ["-s", f"cell({cell.id})"]
     else:
         argv = [sys.executable, "-m", "matrix.cli", "run", "--cell", cell.id]
-        argv += ["--config", str(options.config_path), "-n", options.workers]
+        argv += ["--config", str(options.config_path)]
+        if options.workers is not None:
+            argv += ["-n", options.workers]
     if options.pytest_args:
         argv += ["--", *options.pytest_args]
     return argv
@@ -204,6 +207,8 @@ def child_env(options: NightlyOptions, cell: CellSpec, store_url: str) -> dict[s
     env[ENV_LABEL] = options.label
     env[ENV_CELL] = cell.id
     env["GRACE_MATRIX_CONFIG"] = str(options.config_path.resolve())
+    if options.workers is not None:
+        env[ENV_WORKERS] = options.workers  # read by the noxfile's cell sessions
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(options.project_root), env.get("PYTHONPATH")]))
     return env
 
@@ -300,7 +305,9 @@ def run_one_cell(options: NightlyOptions, cell: CellSpec, children: _Children) -
         out.write(f"$ {' '.join(argv)}\n".encode())
         out.flush()
         env = child_env(options, cell, store_url)
-        with children.start(argv, stdout=out, stderr=subprocess.STDOUT, cwd=options.project_root, env=env) as proc:
+        with children.start(
+            argv, stdout=out, stderr=subprocess.STDOUT, cwd=options.project_root, env=env
+        ) as proc:
             try:
                 code = proc.wait(timeout=options.timeout_s)
             except subprocess.TimeoutExpired:
@@ -344,9 +351,10 @@ def run_report_step(
     env[ENV_DB] = options.target_url
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(options.project_root), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "matrix.cli", name.replace("_", "-"), *args]
-    with output.open("wb") as out, children.start(
-        argv, stdout=out, stderr=subprocess.STDOUT, cwd=options.project_root, env=env
-    ) as proc:
+    with (
+        output.open("wb") as out,
+        children.start(argv, stdout=out, stderr=subprocess.STDOUT, cwd=options.project_root, env=env) as proc,
+    ):
         code = proc.wait()
     return StepOutcome(name, code, output)
 

@@ -233,7 +233,9 @@ def parse_runners(data: Mapping[str, Any], source: str = "runners.toml") -> Runn
     gpu = _Table(source, "gpu", top.get("gpu", dict, required=True), ("model",))
     gpu_model = gpu.get("model", str, required=True)
 
-    kinds_table = _Table(source, "kinds", top.get("kinds", dict, required=True), tuple(k.value for k in CellKind))
+    kinds_table = _Table(
+        source, "kinds", top.get("kinds", dict, required=True), tuple(k.value for k in CellKind)
+    )
     kinds: dict[CellKind, KindSettings] = {}
     for kind in CellKind:
         if kind.value not in kinds_table.table:
@@ -251,7 +253,9 @@ def parse_runners(data: Mapping[str, Any], source: str = "runners.toml") -> Runn
             platform=t.get("platform", str, "linux-x86_64"),
         )
 
-    rt = _Table(source, "report", top.get("report", dict, required=True), ("runs-on", "timeout-minutes", "extras"))
+    rt = _Table(
+        source, "report", top.get("report", dict, required=True), ("runs-on", "timeout-minutes", "extras")
+    )
     report_labels = rt.labels("runs-on", required=True) or ()
     if any(_FIELD_RE.search(label) for label in report_labels):
         rt.fail("the report job belongs to no cell; its labels cannot name cell fields", "runs-on")

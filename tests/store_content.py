@@ -74,7 +74,9 @@ def store_content(
     content: dict[tuple[str, ...], dict[str, Any]] = {}
     try:
         with Session() as session:
-            workloads = {w.id: (w.name, w.code_hash, w.tier, tuple(w.tags)) for w in session.scalars(select(Workload))}
+            workloads = {
+                w.id: (w.name, w.code_hash, w.tier, tuple(w.tags)) for w in session.scalars(select(Workload))
+            }
             for run in session.scalars(select(Run)):
                 if wanted is not None and run.label not in wanted:
                     continue

@@ -1,10 +1,11 @@
 """Test support: a small project of synthetic cells for the nightly pipeline.
 
 ``write_project`` lays out a matrix.toml of ``current`` cells and, per cell, one test module that emits a
-known number of result records of every kind (with unicode, nested JSON, 64-bit integers and floats),
-skips some tests and fails others, and optionally kills its own process at a given test. Each test
-appends its node id and the number of records it emitted to ``produced.txt`` of its cell before
-finishing: the witness of what the cell produced, independent of the store.
+known number of result records (performance, correctness and PI stage records with unicode, nested JSON,
+64-bit integers and floats), skips some tests and fails others, and optionally kills its own process or
+hangs at a given test. Each test appends its node id and the number of records it emitted to
+``produced.txt`` of its cell before finishing: the witness of what the cell produced, independent of
+the store.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-_TEST_MODULE = '''\
+_TEST_MODULE = """\
 import os
 import signal
+import time
 
 import pytest
 
@@ -22,7 +24,6 @@ from suites.records import (
     USER_PROPERTY_KEY,
     CorrectnessRecord,
     CorrectnessStatus,
-    DiagnosticRecord,
     PerformanceRecord,
     PerformanceStatus,
     PIStage,
@@ -31,7 +32,7 @@ from suites.records import (
     WorkloadRef,
 )
 
-N, R, CRASH_AT = {tests}, {records}, {crash_at}
+N, R, CRASH_AT, HANG_AT = {tests}, {records}, {crash_at}, {hang_at}
 MANIFEST = os.path.join(os.path.dirname(__file__), "produced.txt")
 
 
@@ -42,17 +43,23 @@ def _records(i):
             w, "grace", PerformanceStatus.OK, samples_ms=tuple(0.5 + 0.01 * j + i for j in range(5)),
             median_ms=0.52 + i, peak_mem_bytes=2**40 + i, details={{"i": i, "nested": {{"ok": True}}}},
         ),
-        CorrectnessRecord(w, "grace", CorrectnessStatus.PASS, errors={{"max_abs": 1e-7 * i}}, tolerance={{"atol": 1e-4}}),
-        PIStageRecord("kernel_%d" % i, PIStage.REWRITE, StageStatus.PASS, message="ok \\u00fcn\\u00efcode", triton_version="3.7.1"),
-        DiagnosticRecord(w, "grace", "cpu_scalar", node="mul_1", source="x * 0.5", message="moved", transformed=True),
+        CorrectnessRecord(
+            w, "grace", CorrectnessStatus.PASS, errors={{"max_abs": 1e-7 * i}}, tolerance={{"atol": 1e-4}}
+        ),
+        PIStageRecord(
+            "kernel_%d" % i, PIStage.REWRITE, StageStatus.PASS, message="ok \\u00fcn\\u00efcode",
+            triton_version="3.7.1",
+        ),
     ]
-    return [kinds[(i + k) % 4] for k in range(R)]
+    return [kinds[(i + k) % len(kinds)] for k in range(R)]
 
 
 @pytest.mark.parametrize("i", range(N))
 def test_synthetic(request, i):
     if i == CRASH_AT:
         os.kill(os.getpid(), signal.SIGKILL)
+    if i == HANG_AT:
+        time.sleep(600)
     for record in _records(i):
         request.node.user_properties.append((USER_PROPERTY_KEY, record.to_property()))
     with open(MANIFEST, "a", encoding="utf-8") as manifest:
@@ -60,7 +67,7 @@ def test_synthetic(request, i):
     if i % 7 == 3:
         pytest.skip("synthetic skip")
     assert i % 11 != 5, "synthetic failure"
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class SyntheticCell:
     id: str
     tests: int
     records: int
-    crash_at: int = -1
+    crash_at: int = -1  # this test kills its own process
+    hang_at: int = -1  # this test sleeps for ten minutes
 
     @property
     def directory(self) -> str:
@@ -77,12 +85,14 @@ class SyntheticCell:
 
 def write_project(root: Path, cells: list[SyntheticCell]) -> Path:
     """The project's matrix.toml path; each cell's tests live in ``cells/<id>/``."""
-    lines = ['format = 1', 'default_tag = "nightly"', "", "[defaults]", 'tags = ["nightly"]', ""]
+    lines = ["format = 1", 'default_tag = "nightly"', "", "[defaults]", 'tags = ["nightly"]', ""]
     for cell in cells:
         lines += ["[[cells]]", f'id = "{cell.id}"', 'kind = "current"', f'paths = ["{cell.directory}"]', ""]
         directory = root / cell.directory
         directory.mkdir(parents=True)
-        module = _TEST_MODULE.format(tests=cell.tests, records=cell.records, crash_at=cell.crash_at)
+        module = _TEST_MODULE.format(
+            tests=cell.tests, records=cell.records, crash_at=cell.crash_at, hang_at=cell.hang_at
+        )
         (directory / f"test_{cell.id.replace('-', '_')}.py").write_text(module, encoding="utf-8")
     config = root / "matrix.toml"
     config.write_text("\n".join(lines), encoding="utf-8")
@@ -109,4 +119,3 @@ def expected_keys(root: Path, cell: SyntheticCell) -> dict[str, set[str]]:
         "test_outcomes": set(made),
         "records": {f"{nodeid}#{n}" for nodeid, count in made.items() for n in range(count)},
     }
-

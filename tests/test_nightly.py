@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from store_content import by_cell, fresh_database, pg_base_url, store_content
+from synthetic_cells import SyntheticCell, expected_keys, write_project
 
 from matrix.cells import load_matrix
 from matrix.cli import main
@@ -22,16 +24,18 @@ from matrix.nightly import (
     NightlyOptions,
     StoreMode,
     Via,
+    _Children,
     cell_command,
     cell_store_url,
     child_env,
     default_label,
     default_mode,
+    run_one_cell,
+    run_report_step,
 )
+from matrix.store.access import process_alive
 from matrix.store.db import open_store
 from matrix.store.models import RESULT_TABLES, Run
-from store_content import by_cell, fresh_database, pg_base_url, store_content
-from synthetic_cells import SyntheticCell, expected_keys, write_project
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_TABLES = [m.__tablename__ for m in RESULT_TABLES if m.__tablename__ != "test_outcomes"]
@@ -62,7 +66,7 @@ def _options(tmp_path: Path, config: Path, **kw: object) -> NightlyOptions:
 def _nightly(config: Path, db: str, workdir: Path, label: str, *extra: str) -> tuple[int, dict]:
     out = workdir.parent / f"{label}.json"
     argv = ["nightly", "--config", str(config), "--db", db, "--workdir", str(workdir), "--label", label]
-    argv += ["--via", "run", "-j", "3", "--json", *extra]
+    argv += ["--via", "run", "-j", "3", "-n", "0", "--json", *extra]
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         code = main(argv)
@@ -122,13 +126,44 @@ def test_nox_needs_a_noxfile(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no noxfile.py" in capsys.readouterr().err
 
 
+def test_a_cell_past_its_timeout_is_ended_with_its_children(tmp_path: Path, child_pythonpath: None) -> None:
+    config = write_project(tmp_path, [SyntheticCell("syn-hang", 3, 1, hang_at=1)])
+    options = _options(tmp_path, config, timeout_s=12.0, workers="0")
+    for sub in ("logs", "stores", "exports"):
+        (options.workdir / sub).mkdir(parents=True)
+    outcome = run_one_cell(options, load_matrix(config).cell("syn-hang"), _Children())
+    assert outcome.timed_out and not outcome.ok
+    (run,) = outcome.runs
+    assert run.status == "running" and run.rows["test_outcomes"] == 1  # the test before the hang is kept
+    Session = open_store(cell_store_url(options, load_matrix(config).cell("syn-hang")))
+    with Session() as session:
+        pid = session.scalars(select(Run.pid)).one()
+    Session.kw["bind"].dispose()
+    assert pid is not None and not process_alive(pid), "the pytest grandchild was ended too"
+
+
+def test_report_steps_run_commands_on_the_target_store(tmp_path: Path, child_pythonpath: None) -> None:
+    config = write_project(tmp_path, [SyntheticCell("syn-a", 1, 1)])
+    options = _options(tmp_path, config)
+    options.workdir.mkdir()
+    step = run_report_step(options, "summary", ["--all"], _Children())
+    assert step.exit_code == 0 and step.skipped is None
+    assert "no runs match" in step.output.read_text()  # the target store exists and is empty
+    missing = run_report_step(options, "no-such-command", [], _Children())
+    assert missing.exit_code is None and "no `no-such-command` command" in (missing.skipped or "")
+
+
 # -- per-cell SQLite stores, exported and merged -------------------------------------------------------
 
 
 def test_per_cell_stores_merge_exactly_and_a_crashed_cell_keeps_its_rows(
     tmp_path: Path, child_pythonpath: None
 ) -> None:
-    cells = [SyntheticCell("syn-a", 12, 2), SyntheticCell("syn-b", 9, 3), SyntheticCell("syn-c", 10, 1, crash_at=6)]
+    cells = [
+        SyntheticCell("syn-a", 12, 2),
+        SyntheticCell("syn-b", 9, 3),
+        SyntheticCell("syn-c", 10, 1, crash_at=6),
+    ]
     config = write_project(tmp_path, cells)
     target = f"sqlite:///{tmp_path / 'target.sqlite'}"
     code, report = _nightly(config, target, tmp_path / "work", "nightly-sqlite", "--no-report")
@@ -186,7 +221,9 @@ def test_cells_write_postgres_at_once_and_match_the_merged_sqlite_exports(
         # 2. per-cell: the same cells through SQLite stores, exported and ingested into PostgreSQL.
         for cell in cells:
             (tmp_path / cell.directory / "produced.txt").unlink()
-        code, report = _nightly(config, pg, tmp_path / "per-cell", "nightly-per-cell", "--store-mode", "per-cell")
+        code, report = _nightly(
+            config, pg, tmp_path / "per-cell", "nightly-per-cell", "--store-mode", "per-cell"
+        )
         assert code == 0, report
         stores = [str(tmp_path / "per-cell" / "stores" / f"{c.id}.sqlite") for c in cells]
         merged = f"sqlite:///{tmp_path / 'merged.sqlite'}"

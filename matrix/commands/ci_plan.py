@@ -53,7 +53,8 @@ def handle(args: argparse.Namespace) -> int:
             if len(diff) > 60:
                 info(f"... {len(diff) - 60} more diff lines")
             raise WorkflowDrift(
-                f"{target} is out of date with {matrix.source}; run `grace-matrix ci-plan --write` and commit it"
+                f"{target} is out of date with {matrix.source}; "
+                "run `grace-matrix ci-plan --write` and commit it"
             )
         info(f"grace-matrix: {target} matches {matrix.source}")
     elif args.write:

@@ -44,7 +44,9 @@ def register(subparsers: Any) -> None:
         help='nox: each cell in its own environment (nox -s "cell(ID)"); run: in this interpreter '
         "(grace-matrix run --cell ID)",
     )
-    parser.add_argument("-n", "--workers", default="0", help="pytest-xdist workers per cell with --via run")
+    parser.add_argument(
+        "-n", "--workers", default=None, help="pytest-xdist workers per cell (default: the cell command's)"
+    )
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="limit per cell")
     parser.add_argument("--workdir", default=None, help="logs, per-cell stores, exports, site")
     parser.add_argument("--no-report", action="store_true", help="skip regressions and dashboard")
@@ -70,7 +72,9 @@ def handle(args: argparse.Namespace) -> int:
                 runnable.append(cell)
         cells = tuple(runnable)
         if not (config_path.resolve().parent / "noxfile.py").is_file():
-            raise ConfigError(f"no noxfile.py beside {config_path}; use --via run to run cells in this interpreter")
+            raise ConfigError(
+                f"no noxfile.py beside {config_path}; use --via run to run cells in this interpreter"
+            )
     if not cells:
         raise ConfigError("no cell to run: check --cells / --tag")
     if args.jobs < 1:
