@@ -49,6 +49,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.cells import CellKind, CellSpec
 from matrix.commands import COMMAND_MODULES
@@ -60,6 +61,10 @@ from matrix.transfer import RunFilter, TransferStats, export_jsonl, ingest_jsonl
 logger = logging.getLogger(__name__)
 
 _TERMINATE_GRACE_S = 20.0
+# Note: [Alembic is not thread-safe] open_store may run migrations, and Alembic keeps the migration
+# context in module globals (alembic.context, alembic.op); two threads migrating at once corrupt each
+# other's context. The cell threads of this module open stores only through _open_store.
+_OPEN_LOCK = threading.Lock()
 ENV_WORKERS = "GRACE_MATRIX_WORKERS"
 
 
@@ -187,7 +192,7 @@ def cell_command(options: NightlyOptions, cell: CellSpec) -> list[str]:
         argv += ["-s", f"cell({cell.id})"]
     else:
         argv = [sys.executable, "-m", "matrix.cli", "run", "--cell", cell.id]
-        argv += ["--config", str(options.config_path)]
+        argv += ["--config", str(options.config_path.resolve())]
         if options.workers is not None:
             argv += ["-n", options.workers]
     if options.pytest_args:
@@ -252,11 +257,17 @@ def terminate_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
+def _open_store(url: str) -> sessionmaker[Session]:
+    """open_store, one thread at a time (see Note: [Alembic is not thread-safe])."""
+    with _OPEN_LOCK:
+        return open_store(url)
+
+
 def count_runs(store_url: str, label: str, cell_id: str) -> tuple[RunCount, ...]:
     """The runs a cell recorded under ``label`` in ``store_url``, with their rows per result table."""
     if (path := sqlite_path(store_url)) is not None and not path.exists():
         return ()  # the cell never opened its store (it failed before recording anything)
-    Session = open_store(store_url)
+    Session = _open_store(store_url)
     try:
         with Session() as session:
             stmt = (
@@ -283,7 +294,7 @@ def count_runs(store_url: str, label: str, cell_id: str) -> tuple[RunCount, ...]
 
 def export_cell(store_url: str, label: str, target: Path) -> Path:
     """Export the nightly's runs of one per-cell store (what a CI cell job uploads)."""
-    Session = open_store(store_url)
+    Session = _open_store(store_url)
     try:
         with Session() as session, target.open("w", encoding="utf-8") as out:
             export_jsonl(session, out, RunFilter(labels=[label]))

@@ -32,7 +32,7 @@ from suites.records import (
     WorkloadRef,
 )
 
-N, R, CRASH_AT, HANG_AT = {tests}, {records}, {crash_at}, {hang_at}
+N, R, CRASH_AT, HANG_AT, SCALE = {tests}, {records}, {crash_at}, {hang_at}, {scale}
 MANIFEST = os.path.join(os.path.dirname(__file__), "produced.txt")
 
 
@@ -40,8 +40,9 @@ def _records(i):
     w = WorkloadRef("wl%d" % (i % 4), tier="smoke", tags=("synthetic",), code_hash="h%d" % (i % 2))
     kinds = [
         PerformanceRecord(
-            w, "grace", PerformanceStatus.OK, samples_ms=tuple(0.5 + 0.01 * j + i for j in range(5)),
-            median_ms=0.52 + i, peak_mem_bytes=2**40 + i, details={{"i": i, "nested": {{"ok": True}}}},
+            w, "grace", PerformanceStatus.OK,
+            samples_ms=tuple(SCALE * (0.5 + 0.01 * j + i) for j in range(5)), median_ms=SCALE * (0.52 + i),
+            peak_mem_bytes=2**40 + i, details={{"i": i, "nested": {{"ok": True}}}},
         ),
         CorrectnessRecord(
             w, "grace", CorrectnessStatus.PASS, errors={{"max_abs": 1e-7 * i}}, tolerance={{"atol": 1e-4}}
@@ -77,6 +78,7 @@ class SyntheticCell:
     records: int
     crash_at: int = -1  # this test kills its own process
     hang_at: int = -1  # this test sleeps for ten minutes
+    scale: float = 1.0  # performance samples and medians are multiplied by this
 
     @property
     def directory(self) -> str:
@@ -84,14 +86,18 @@ class SyntheticCell:
 
 
 def write_project(root: Path, cells: list[SyntheticCell]) -> Path:
-    """The project's matrix.toml path; each cell's tests live in ``cells/<id>/``."""
+    """The project's matrix.toml path; each cell's tests live in ``cells/<id>/`` (rewritten if present)."""
     lines = ["format = 1", 'default_tag = "nightly"', "", "[defaults]", 'tags = ["nightly"]', ""]
     for cell in cells:
         lines += ["[[cells]]", f'id = "{cell.id}"', 'kind = "current"', f'paths = ["{cell.directory}"]', ""]
         directory = root / cell.directory
-        directory.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)
         module = _TEST_MODULE.format(
-            tests=cell.tests, records=cell.records, crash_at=cell.crash_at, hang_at=cell.hang_at
+            tests=cell.tests,
+            records=cell.records,
+            crash_at=cell.crash_at,
+            hang_at=cell.hang_at,
+            scale=cell.scale,
         )
         (directory / f"test_{cell.id.replace('-', '_')}.py").write_text(module, encoding="utf-8")
     config = root / "matrix.toml"

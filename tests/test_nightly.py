@@ -20,6 +20,7 @@ from synthetic_cells import SyntheticCell, expected_keys, write_project
 
 from matrix.cells import load_matrix
 from matrix.cli import main
+from matrix.commands import COMMAND_MODULES
 from matrix.nightly import (
     NightlyOptions,
     StoreMode,
@@ -63,7 +64,7 @@ def _options(tmp_path: Path, config: Path, **kw: object) -> NightlyOptions:
     return NightlyOptions(**values)  # type: ignore[arg-type]
 
 
-def _nightly(config: Path, db: str, workdir: Path, label: str, *extra: str) -> tuple[int, dict]:
+def _nightly(config: Path | str, db: str, workdir: Path, label: str, *extra: str) -> tuple[int, dict]:
     out = workdir.parent / f"{label}.json"
     argv = ["nightly", "--config", str(config), "--db", db, "--workdir", str(workdir), "--label", label]
     argv += ["--via", "run", "-j", "3", "-n", "0", "--json", *extra]
@@ -157,7 +158,7 @@ def test_report_steps_run_commands_on_the_target_store(tmp_path: Path, child_pyt
 
 
 def test_per_cell_stores_merge_exactly_and_a_crashed_cell_keeps_its_rows(
-    tmp_path: Path, child_pythonpath: None
+    tmp_path: Path, child_pythonpath: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cells = [
         SyntheticCell("syn-a", 12, 2),
@@ -166,7 +167,9 @@ def test_per_cell_stores_merge_exactly_and_a_crashed_cell_keeps_its_rows(
     ]
     config = write_project(tmp_path, cells)
     target = f"sqlite:///{tmp_path / 'target.sqlite'}"
-    code, report = _nightly(config, target, tmp_path / "work", "nightly-sqlite", "--no-report")
+    monkeypatch.chdir(tmp_path.parent)  # a --config relative to here, not to the cells' directory
+    relative = Path(tmp_path.name) / config.name
+    code, report = _nightly(relative, target, tmp_path / "work", "nightly-sqlite", "--no-report")
 
     assert code == 1, "a crashed cell fails the nightly"
     outcome = {c["cell_id"]: c for c in report["cells"]}
@@ -239,3 +242,23 @@ def test_cells_write_postgres_at_once_and_match_the_merged_sqlite_exports(
         shared = by_cell(store_content(pg, labels=["nightly-shared"], drop=volatile))
         per_cell = by_cell(store_content(pg, labels=["nightly-per-cell"], drop=volatile))
         assert shared == per_cell
+
+
+# -- regressions and dashboard, when those commands are part of this grace-matrix ----------------------
+
+
+def test_a_slower_night_fails_with_new_regressions_and_renders_the_site(
+    tmp_path: Path, child_pythonpath: None
+) -> None:
+    if not {"regressions", "dashboard"} <= set(COMMAND_MODULES):
+        pytest.skip("this grace-matrix has no regressions/dashboard commands yet")
+    target = f"sqlite:///{tmp_path / 'history.sqlite'}"
+    config = write_project(tmp_path, [SyntheticCell("syn-a", 8, 1)])
+    code, report = _nightly(config, target, tmp_path / "night-1", "night-1")
+    assert code == 0, report
+    assert [s["exit_code"] for s in report["steps"]] == [0, 0]
+    write_project(tmp_path, [SyntheticCell("syn-a", 8, 1, scale=3.0)])  # every timing three times slower
+    code, report = _nightly(config, target, tmp_path / "night-2", "night-2")
+    assert code == 1 and report["new_regressions"], report
+    assert "NEW" in (tmp_path / "night-2" / "regressions.txt").read_text()
+    assert (tmp_path / "night-2" / "site" / "index.html").is_file()
