@@ -51,7 +51,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.cells import CellKind, CellSpec
+from matrix.cells import CellKind, CellSpec, Matrix
 from matrix.commands import COMMAND_MODULES
 from matrix.recorder import ENV_CELL, ENV_LABEL
 from matrix.store.db import ENV_DB, display_url, open_store, sqlite_path
@@ -173,6 +173,24 @@ class NightlyReport:
                 for s in self.steps
             ],
         }
+
+
+def select_cells(
+    matrix: Matrix, ids: Sequence[str], tags: Sequence[str], via: Via
+) -> tuple[tuple[CellSpec, ...], tuple[tuple[str, str], ...]]:
+    """The cells to run (named ``ids`` or carrying ``tags``; default: tag ``nightly``), and the cells passed
+    over with the reason: an exclusion of matrix.toml rules out building their environment here (only
+    with ``Via.NOX``; ``Via.RUN`` builds nothing)."""
+    selected = matrix.select(tags or ([] if ids else ["nightly"]), ids)
+    runnable: list[CellSpec] = []
+    passed_over: list[tuple[str, str]] = []
+    for cell in selected:
+        exclusion = matrix.exclusion_for(cell) if via is Via.NOX else None
+        if exclusion is not None:
+            passed_over.append((cell.id, exclusion.reason))
+        else:
+            runnable.append(cell)
+    return tuple(runnable), tuple(passed_over)
 
 
 def default_label(now: dt.datetime | None = None) -> str:

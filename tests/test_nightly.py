@@ -7,6 +7,7 @@ processes, several at once, and count every row against what each cell says it p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -18,7 +19,7 @@ from sqlalchemy import select
 from store_content import by_cell, fresh_database, pg_base_url, store_content
 from synthetic_cells import SyntheticCell, expected_keys, write_project
 
-from matrix.cells import load_matrix
+from matrix.cells import Exclusion, load_matrix
 from matrix.cli import main
 from matrix.commands import COMMAND_MODULES
 from matrix.nightly import (
@@ -33,6 +34,7 @@ from matrix.nightly import (
     default_mode,
     run_one_cell,
     run_report_step,
+    select_cells,
 )
 from matrix.store.access import process_alive
 from matrix.store.db import open_store
@@ -119,6 +121,22 @@ def test_cell_commands_and_environment(tmp_path: Path) -> None:
     assert env["GRACE_MATRIX_DB"] == per_cell
     assert env["GRACE_MATRIX_LABEL"] == "nightly-test" and env["GRACE_MATRIX_CELL"] == "syn-a"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+
+
+def test_cell_selection_passes_over_excluded_cells_only_when_building_them() -> None:
+    matrix = load_matrix(REPO / "matrix.toml")
+    everything, _ = select_cells(matrix, [], [], Via.RUN)
+    assert [c.id for c in everything] == list(matrix.ids)  # every cell carries the nightly tag
+    picked, _ = select_cells(matrix, ["current", "triton-3.7"], [], Via.NOX)
+    assert [c.id for c in picked] == ["triton-3.7", "current"]  # file order
+    with_all_excluded = dataclasses.replace(matrix, exclusions=(Exclusion("torch-*", "no torch here"),))
+    runnable, passed_over = select_cells(with_all_excluded, [], ["canary"], Via.NOX)
+    assert runnable == () and {c for c, _ in passed_over} == {
+        "torch-2.13-triton-3.9",
+        "torch-2.11-triton-3.8",
+    }
+    runnable, passed_over = select_cells(with_all_excluded, [], ["canary"], Via.RUN)
+    assert len(runnable) == 2 and passed_over == ()
 
 
 def test_nox_needs_a_noxfile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

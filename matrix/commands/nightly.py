@@ -55,26 +55,27 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from matrix.nightly import NightlyOptions, StoreMode, Via, default_label, default_mode, run_nightly
+    from matrix.nightly import (
+        NightlyOptions,
+        StoreMode,
+        Via,
+        default_label,
+        default_mode,
+        run_nightly,
+        select_cells,
+    )
 
     config_path = Path(args.config) if args.config else default_config_path()
     matrix = load_matrix(config_path)
     ids = [i.strip() for group in args.cells for i in group.split(",") if i.strip()]
-    cells = matrix.select(args.tag or ([] if ids else ["nightly"]), ids)
     via = Via(args.via)
-    if via is Via.NOX:
-        runnable = []
-        for cell in cells:
-            exclusion = matrix.exclusion_for(cell)
-            if exclusion is not None:
-                info(f"grace-matrix: cell {cell.id} cannot run here: {exclusion.reason}")
-            else:
-                runnable.append(cell)
-        cells = tuple(runnable)
-        if not (config_path.resolve().parent / "noxfile.py").is_file():
-            raise ConfigError(
-                f"no noxfile.py beside {config_path}; use --via run to run cells in this interpreter"
-            )
+    cells, passed_over = select_cells(matrix, ids, args.tag, via)
+    for cell_id, reason in passed_over:
+        info(f"grace-matrix: cell {cell_id} cannot run here: {reason}")
+    if via is Via.NOX and not (config_path.resolve().parent / "noxfile.py").is_file():
+        raise ConfigError(
+            f"no noxfile.py beside {config_path}; use --via run to run cells in this interpreter"
+        )
     if not cells:
         raise ConfigError("no cell to run: check --cells / --tag")
     if args.jobs < 1:
