@@ -8,8 +8,8 @@ fingerprint so their results land in the same cell row, and a Triton-only enviro
 Design: versions come from package metadata; torch's CUDA runtime from ``torch/version.py`` read as text
 (importing torch costs seconds and memory in the recording process), falling back to ``import torch``;
 driver, GPU name and capability from ``nvidia-smi`` (no CUDA context is created in the recording
-process), falling back to ``torch.cuda`` only when an NVIDIA driver is present but nvidia-smi is not. Everything that is not there is
-``None``. The project's git sha is recorded per run, not per cell.
+process), falling back to ``torch.cuda`` only when an NVIDIA driver is present but nvidia-smi is not.
+Everything that is not there is ``None``. The project's git sha is recorded per run, not per cell.
 
 Invariants:
 - ``probe_environment`` never raises because a component is missing; absent means ``None``.

@@ -17,7 +17,8 @@ Invariants:
 - One ``TestOutcome`` per test node id per run; a later phase may only make it worse (teardown error).
 - A record is keyed ``<nodeid>#<n>``, n its position among the test's records; a key is written once.
 - A report that cannot be written (after retries) is counted, logged and reported at session end
-  (the run's message says how many); it never stops the test session.
+  (the run's message says how many); it never stops the test session. A record field the schema has no
+  column for goes into the row's ``details`` when it has one, else it is named in the run's message.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.errors import MatrixError
@@ -103,6 +104,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return  # an xdist worker: its reports reach the controller, which records them
+    if config.getoption("help", False) or config.getoption("collectonly", False):
+        return  # nothing runs, so there is no run to record
     try:
         recorder = Recorder.from_config(config)
     except MatrixError as exc:
@@ -135,6 +138,7 @@ class Recorder:
         self.outcomes_written = 0
         self.records_written = 0
         self.failures: list[str] = []
+        self.unstored: set[str] = set()
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Recorder:
@@ -180,9 +184,17 @@ class Recorder:
             status, message = RunStatus.COMPLETE, _COMPLETE_EXIT[exit_code]
         else:
             status, message = RunStatus.FAILED, f"pytest exited with {exit_code.name if exit_code else code}"
+        problems = []
         if self.failures:
-            lost = f"{len(self.failures)} report(s) could not be recorded, first: {self.failures[0]}"
-            message = f"{message}; {lost}" if message else lost
+            problems.append(
+                f"{len(self.failures)} report(s) could not be recorded, first: {self.failures[0]}"
+            )
+        if self.unstored:
+            problems.append(
+                f"record fields with no store column were not kept: {', '.join(sorted(self.unstored))}"
+            )
+        if problems:
+            message = "; ".join([message, *problems] if message else problems)
         with self.Session.begin() as db:
             run = db.get_one(Run, self.run_pk)
             finish_run(db, run, status, exit_code=code, message=message)
@@ -196,6 +208,11 @@ class Recorder:
         terminalreporter.write_line(line)
         for failure in self.failures[:5]:
             terminalreporter.write_line(f"grace-matrix: NOT RECORDED: {failure}", red=True)
+        if self.unstored:
+            fields = ", ".join(sorted(self.unstored))
+            terminalreporter.write_line(
+                f"grace-matrix: record fields with no store column: {fields}", yellow=True
+            )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         bind = self.Session.kw.get("bind")
@@ -227,12 +244,16 @@ class Recorder:
                     for index, record in records:
                         self._insert_record(db, nodeid, index, record)
                 break
-            except (OperationalError, IntegrityError) as exc:
+            except (OperationalError, IntegrityError) as exc:  # a busy or raced database: try again
                 if attempt == _MAX_ATTEMPTS:
                     self.failures.append(f"{nodeid}: {str(exc.orig).splitlines()[0]}")
                     logger.error("could not record %s: %s", nodeid, exc)
                     return
                 time.sleep(0.05 * 2**attempt)
+            except (SQLAlchemyError, TypeError, ValueError) as exc:  # a row the store refuses: not transient
+                self.failures.append(f"{nodeid}: {str(exc).splitlines()[0]}")
+                logger.error("could not record %s: %s", nodeid, exc)
+                return
         self.outcomes_written += int(new_outcome)
         state.written_records.update(index for index, _ in records)
         self.records_written += len(records)
@@ -253,7 +274,10 @@ class Recorder:
         return new
 
     def _insert_record(self, db: Session, nodeid: str, index: int, record: Record) -> None:
+        model = _MODELS[type(record)]
+        columns = set(model.__table__.columns.keys())
         values: dict[str, Any] = {}
+        extras: dict[str, Any] = {}
         for f in dataclasses.fields(record):
             value = getattr(record, f.name)
             if isinstance(value, WorkloadRef):
@@ -263,8 +287,15 @@ class Recorder:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
-            values[f.name] = value
-        model = _MODELS[type(record)]
+            if f.name in columns:
+                values[f.name] = value
+            elif value != f.default:
+                extras[f.name] = value
+        if extras and "details" in columns:
+            values["details"] = {**extras, **(values.get("details") or {})}
+        elif extras:
+            # A field the schema has no column for yet: named at session end, never dropped quietly.
+            self.unstored.update(f"{record.KIND}.{name}" for name in extras)
         db.add(model(run_pk=self.run_pk, record_key=f"{nodeid}#{index}", nodeid=nodeid, **values))
 
     def _workload_pk(self, db: Session, ref: WorkloadRef) -> int:

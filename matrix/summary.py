@@ -78,7 +78,7 @@ class RunSummary:
             "records": sum(self.records.values()),
             "seconds": None if self.duration_s is None else round(self.duration_s),
             "label": self.label,
-            "message": (self.message or "")[:80] or None,
+            "message": headline(self.message),
         }
 
 
@@ -142,6 +142,16 @@ def summarize(
         )
         for run, cell in chosen
     ]
+
+
+def headline(message: str | None, limit: int = 100) -> str | None:
+    """One line of a possibly long message: its first line and its first error line."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return None
+    errors = [line for line in lines[1:] if line.lower().startswith(("error", "fatal"))]
+    text = lines[0] if not errors else f"{lines[0]} {errors[0]}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _duration(run: Run) -> float | None:

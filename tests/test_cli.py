@@ -198,3 +198,18 @@ def test_usage_errors_exit_2(capsys) -> None:
         main(["cells", "--no-such-option"])
     assert info.value.code == 2
     assert main([]) == 2
+
+
+def test_export_to_a_device_writes_through(project, capsys, tmp_path) -> None:
+    fifo = tmp_path / "pipe"
+    import os
+    import threading
+
+    os.mkfifo(fifo)
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.append(fifo.read_text()))
+    reader.start()
+    assert main(["export", "-o", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert fifo.exists() and not fifo.is_file()  # still a pipe, not replaced by a regular file
+    assert chunks and chunks[0].startswith('{"exported_at"')

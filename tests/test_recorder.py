@@ -234,3 +234,31 @@ def test_corrupt_store_is_one_usage_error(tmp_path) -> None:
     lines = [line for line in proc.stderr.splitlines() if "grace-matrix recorder" in line]
     assert len(lines) == 1 and "not a readable SQLite database" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_record_fields_without_a_column_are_kept_or_named(tmp_path) -> None:
+    suite = """
+    def test_diag(request):
+        wl = WorkloadRef("w")
+        emit(request, DiagnosticRecord(wl, "grace", "cpu_scalar", node="mul", **EXTRA))
+    """
+    import dataclasses as dc
+
+    from matrix.store.models import Diagnostic
+    from suites.records import DiagnosticRecord
+
+    fields = {f.name for f in dc.fields(DiagnosticRecord)} - set(Diagnostic.__table__.columns.keys())
+    fields -= {"workload"}
+    extra = {name: "x" for name in fields if name}
+    suite = suite.replace("**EXTRA", f"**{extra!r}")
+    suite = suite.replace("from suites.records import (", "from suites.records import (DiagnosticRecord, ")
+    proc, url = run_pytest(tmp_path, "from suites.records import DiagnosticRecord\n" + textwrap.dedent(suite))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    with open_store(url)() as s:
+        row = s.scalars(select(Diagnostic)).one()
+        assert (row.code, row.node) == ("cpu_scalar", "mul")
+        run = s.scalars(select(Run)).one()
+        for name in fields:  # e.g. "effect" until the schema has a column for it
+            assert f"diagnostic.{name}" in run.message
+        if not fields:
+            assert run.message is None

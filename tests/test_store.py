@@ -80,7 +80,8 @@ def test_store_from_a_newer_version_is_refused(tmp_path) -> None:
     [
         ("not a url", "is not a database URL"),
         ("nosuchdb://x/y", "no SQLAlchemy dialect"),
-        ("postgresql+psycopg://user:secret@127.0.0.1:9/db", "cannot use store"),
+        # refused by the server here, or by the missing driver where psycopg is not installed
+        ("postgresql+psycopg://user:secret@127.0.0.1:9/db", "cannot use store|driver .* is not installed"),
     ],
 )
 def test_unusable_urls_give_one_clear_error(url, problem) -> None:

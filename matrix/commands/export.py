@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,10 @@ def handle(args: argparse.Namespace) -> int:
             target = Path(args.output)
             if not target.parent.is_dir():
                 raise ConfigError(f"--output {target}: directory {target.parent} does not exist")
+            if target.exists() and not target.is_file():  # a device or a pipe: write through, never replace
+                with target.open("w", encoding="utf-8") as out:
+                    counts = export_jsonl(session, out, run_filter)
+                return _report(args, counts)
             # Written beside the target and renamed: an interrupted export leaves no half file.
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             try:
@@ -43,6 +48,10 @@ def handle(args: argparse.Namespace) -> int:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+    return _report(args, counts)
+
+
+def _report(args: argparse.Namespace, counts: Counter[str]) -> int:
     summary = {
         "runs": counts.get("run", 0),
         "rows": sum(n for k, n in counts.items() if k not in ("run", "header")),

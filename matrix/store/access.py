@@ -14,7 +14,8 @@ to a younger process).
 Invariants:
 - Functions here take a session and never commit; the caller owns the transaction.
 - A run leaves ``running`` exactly once; finished runs are never reopened.
-- Runs of other hosts are never declared crashed from here (their processes cannot be seen).
+- Runs of other hosts are never declared crashed from here (their processes cannot be seen). A host is
+  known by its name: machines that share one store must have distinct host names.
 """
 
 from __future__ import annotations
