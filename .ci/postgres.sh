@@ -73,7 +73,7 @@ start() {
         # Debian's package creates the user; a server built another way may not have.
         id postgres >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin postgres
         chown postgres: "$dir"
-        # The owner must reach the directory through every parent (mktemp makes /tmp/x 0700 for root).
+        # The owner must reach the directory through every parent (a directory from mktemp -d is private to root).
         chmod o+x "$(dirname "$dir")" 2>/dev/null || true
     fi
     local port

@@ -59,7 +59,7 @@ def _options(tmp_path: Path, config: Path, **kw: object) -> NightlyOptions:
         "mode": StoreMode.PER_CELL,
         "via": Via.RUN,
         "jobs": 2,
-        "workdir": tmp_path / "work",
+        "workdir": tmp_path / "nightly-work",
         "config_path": config,
     }
     values.update(kw)
@@ -114,7 +114,7 @@ def test_cell_commands_and_environment(tmp_path: Path) -> None:
     run = _options(tmp_path, config)
     assert cell_command(run, cell)[1:6] == ["-m", "matrix.cli", "run", "--cell", "syn-a"]
     per_cell = cell_store_url(run, cell)
-    assert per_cell.endswith("/work/stores/syn-a.sqlite")
+    assert per_cell.endswith("/nightly-work/stores/syn-a.sqlite")
     shared = _options(tmp_path, config, mode=StoreMode.SHARED, target_url="postgresql+psycopg://h/db")
     assert cell_store_url(shared, cell) == "postgresql+psycopg://h/db"
     env = child_env(run, cell, per_cell)
@@ -187,7 +187,7 @@ def test_per_cell_stores_merge_exactly_and_a_crashed_cell_keeps_its_rows(
     target = f"sqlite:///{tmp_path / 'target.sqlite'}"
     monkeypatch.chdir(tmp_path.parent)  # a --config relative to here, not to the cells' directory
     relative = Path(tmp_path.name) / config.name
-    code, report = _nightly(relative, target, tmp_path / "work", "nightly-sqlite", "--no-report")
+    code, report = _nightly(relative, target, tmp_path / "nightly-work", "nightly-sqlite", "--no-report")
 
     assert code == 1, "a crashed cell fails the nightly"
     outcome = {c["cell_id"]: c for c in report["cells"]}
@@ -207,9 +207,11 @@ def test_per_cell_stores_merge_exactly_and_a_crashed_cell_keeps_its_rows(
     # Merging is the union of the per-cell exports, row for row; ingesting them again adds nothing.
     per_cell = {}
     for cell in cells:
-        per_cell.update(store_content(f"sqlite:///{tmp_path / 'work' / 'stores' / f'{cell.id}.sqlite'}"))
+        per_cell.update(
+            store_content(f"sqlite:///{tmp_path / 'nightly-work' / 'stores' / f'{cell.id}.sqlite'}")
+        )
     assert store_content(target) == per_cell
-    exports = sorted((tmp_path / "work" / "exports").glob("*.jsonl"))
+    exports = sorted((tmp_path / "nightly-work" / "exports").glob("*.jsonl"))
     assert [p.stem for p in exports] == ["syn-a", "syn-b", "syn-c"]
     assert main(["ingest", "--db", target, *map(str, exports)]) == 0
     assert store_content(target) == per_cell
