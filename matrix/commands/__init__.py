@@ -20,4 +20,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pi_status",
     "report",
     "results_doc",
+    "ci_plan",
+    "nightly",
 )
