@@ -134,8 +134,9 @@ def dashboard(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def tests(session: nox.Session) -> None:
-    """The project's tests on CPU (torch 2.13.0, triton 3.7.1), two xdist workers."""
-    session.install(TEST_TORCH, TEST_TRITON, "-e", ".[test]")
+    """The project's tests on CPU (torch 2.13.0, triton 3.7.1), two xdist workers; then the suites'
+    smoke tier in the `current` cell, recorded into a throwaway store and summarised."""
+    session.install(TEST_TORCH, TEST_TRITON, "-e", ".[test,suites]")
     try:
         session.run("pytest", "tests/", "-n", "2", *session.posargs)
     except nox.command.CommandFailed as exc:
@@ -145,6 +146,12 @@ def tests(session: nox.Session) -> None:
                 "pytest collected no tests from tests/ (exit code 5): the selection matched nothing"
             )
         raise
+    if session.posargs:
+        return  # a selection of tests was asked for, not the whole command
+    store = f"sqlite:///{Path(session.create_tmp()).resolve() / 'smoke.sqlite'}"
+    session.run("grace-matrix", "run", "--cell", "current", "--label", "smoke", "--db", store, "-n", "2",
+                env={"GRACE_SUITE_TIER": "smoke"})  # fmt: skip
+    session.run("grace-matrix", "summary", "--db", store)
 
 
 @nox.session(reuse_venv=True)
