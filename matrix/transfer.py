@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
 from matrix.errors import TransferError
-from matrix.store.access import get_or_create_workload
+from matrix.store.access import get_or_create_workload, insert_or_reread
 from matrix.store.db import SCHEMA_VERSION, display_url, open_store
 from matrix.store.models import (
     RESULT_TABLES,
@@ -118,11 +118,13 @@ def _load(data: dict[str, Any], model: type[Base], where: str) -> dict[str, Any]
     for name in _datetime_fields(model) & set(values):
         if values[name] is not None:
             try:
-                values[name] = dt.datetime.fromisoformat(values[name])
+                moment = dt.datetime.fromisoformat(values[name])
             except (TypeError, ValueError):
                 raise TransferError(
                     f"{where}: field {name!r} is not an ISO datetime: {values[name]!r}"
                 ) from None
+            # SQLite hands back naive datetimes; every time the store writes is UTC.
+            values[name] = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
     return values
 
 
@@ -272,11 +274,10 @@ class Ingester:
         fingerprint = values.get("fingerprint")
         if not isinstance(fingerprint, str) or not fingerprint:
             raise TransferError(f"{where}: cell lacks its 'fingerprint'")
-        cell = self.session.scalars(select(Cell).where(Cell.fingerprint == fingerprint)).first()
-        if cell is None:
-            cell = Cell(**values)
-            self.session.add(cell)
-            self.session.flush()
+        stmt = select(Cell).where(Cell.fingerprint == fingerprint)
+        cell = self.session.scalars(stmt).first()
+        if cell is None:  # a concurrent ingest of the same cell may create it first
+            cell = insert_or_reread(self.session, Cell(**values), stmt)
         return cell
 
     def _add_row(self, table: str, item: dict[str, Any], where: str) -> None:

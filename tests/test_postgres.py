@@ -188,11 +188,6 @@ def test_postgres_and_sqlite_hold_the_same_rows_after_transfer(pg: str, tmp_path
     assert {k[0] for k in store_content(pg)} >= {"run", "cell", "performance_results", "pi_stage_results"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transfer ingests SQLite's naive datetimes in the PostgreSQL session's time zone; they are UTC "
-    "(proposed fix: matrix.transfer._load attaches UTC to a naive datetime)",
-)
 def test_sqlite_times_land_in_postgres_as_utc_whatever_the_session_time_zone(pg: str, tmp_path: Path) -> None:
     sqlite = f"sqlite:///{tmp_path / 'copy.sqlite'}"
     _populate(sqlite, "tz")
@@ -209,12 +204,6 @@ def test_sqlite_times_land_in_postgres_as_utc_whatever_the_session_time_zone(pg:
     assert in_postgres == in_sqlite
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two ingests of runs of the same cell into PostgreSQL at once: the second fails on the cell's "
-    "unique fingerprint (proposed fix: Ingester._cell creates the cell in a savepoint and re-reads the "
-    "winner, as matrix.store.access.get_or_create_cell does)",
-)
 def test_concurrent_ingests_of_the_same_cell(pg: str, tmp_path: Path) -> None:
     exports = []
     for i in range(2):

@@ -82,7 +82,7 @@ def get_or_create_cell(session: Session, env: Environment) -> Cell:
         platform=env.platform,
         extra=dict(env.extra),
     )
-    return _insert_or_reread(session, cell, stmt)
+    return insert_or_reread(session, cell, stmt)
 
 
 def get_or_create_workload(
@@ -91,10 +91,11 @@ def get_or_create_workload(
     stmt = select(Workload).where(Workload.name == name, Workload.code_hash == code_hash)
     if (workload := session.scalars(stmt).first()) is not None:
         return workload
-    return _insert_or_reread(session, Workload(name=name, code_hash=code_hash, tier=tier, tags=tags), stmt)
+    return insert_or_reread(session, Workload(name=name, code_hash=code_hash, tier=tier, tags=tags), stmt)
 
 
-def _insert_or_reread(session: Session, row: Cell | Workload, stmt):  # type: ignore[no-untyped-def]
+def insert_or_reread(session: Session, row: Cell | Workload, stmt):  # type: ignore[no-untyped-def]
+    """Insert ``row`` unless a concurrent writer created it first; then return the row ``stmt`` reads."""
     if session.get_bind().dialect.name == "sqlite":
         # One writer at a time: the write lock taken by the INSERT excludes a concurrent creator.
         session.add(row)
