@@ -8,6 +8,9 @@ Design: ``build_site`` reads the store once per table with column selects (``mat
 and a compact raw pass for the per-run comparison data), runs regression detection on the latest run of
 every cell (``matrix.regressions.report.detect``), runs step detection on every workload x mode history,
 and returns frozen view objects. ``dashboards.render`` turns them into files; nothing here writes.
+Every run shown is a logical run (``matrix.regressions.logical``): the runs of one cell sharing a label
+are one row of the grid, one point of a history, one side of a comparison, with, per key, the results of
+the latest of them that recorded it.
 
 Invariants: no torch import; only data from the store; every string from a test stays a plain string here
 (escaping is the templates' job, with autoescape on).
@@ -28,7 +31,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboards.charts import Point, StepMark, line_chart
-from matrix.regressions import history, loader, pairwise, report
+from matrix.regressions import history, loader, logical, pairwise, report
 from matrix.regressions.observations import PASSING_STATUS, CellKey, RunInfo, Suite
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
@@ -183,9 +186,9 @@ def _synthetic_cells(session: Session) -> set[str]:
 
 
 def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest], int]:
-    """One compact pass over every result row: per-run comparison rows and status counts."""
+    """One compact pass over every result row: per-run comparison rows and status counts (of each logical
+    run, merged by ``logical.merge_latest``)."""
     rows: dict[int, list[list[Any]]] = defaultdict(list)
-    counts: dict[int, Counter[str]] = defaultdict(Counter)
     total = 0
     for model, suite in ((CorrectnessResult, "correctness"), (PerformanceResult, "performance")):
         columns = [model.run_pk, Workload.name, model.mode, model.status]
@@ -196,17 +199,16 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
             run_pk, status = cast(int, row[0]), cast(str, row[3])
             median = row[4] if len(row) > 4 else None
             rows[run_pk].append([suite, row[1], row[2], status, median])
-            counts[run_pk][status] += 1
             total += 1
     stmt_pi = select(PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status)
     for run_pk, subject, stage, status in session.execute(stmt_pi):
         rows[run_pk].append(["pi", subject, stage, status, None])
-        counts[run_pk][status] += 1
         total += 1
-    digests = [
-        RunDigest(run, sorted(rows.get(run.pk, []), key=lambda r: r[:3]), dict(counts.get(run.pk, {})))
-        for run in runs
-    ]
+    digests = []
+    for run in runs:
+        merged = logical.merge_latest(run, rows, lambda r: (r[0], r[1], r[2]))
+        counts = Counter(r[3] for r in merged)
+        digests.append(RunDigest(run, sorted(merged, key=lambda r: r[:3]), dict(counts)))
     return digests, total
 
 
@@ -244,14 +246,18 @@ def _grid(
 
 
 def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
-    by_pk = {r.pk: r for r in latest}
+    per_pk: dict[int, list[loader.PIRow]] = defaultdict(list)
+    for row in loader.load_pi_rows(session, [pk for r in latest for pk in r.pks]):
+        per_pk[row.run_pk].append(row)
+    merged = [
+        (r, row) for r in latest for row in logical.merge_latest(r, per_pk, lambda x: (x.subject, x.stage))
+    ]
     stacks: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in latest:
         ident = (r.triton_version or "-", r.torch_version or "-", r.cuda_runtime or "-")
         entry = stacks.setdefault(ident, {"cells": set(), "stages": defaultdict(Counter), "failures": []})
         entry["cells"].add(r.cell_id)
-    for row in loader.load_pi_rows(session, list(by_pk)):
-        run = by_pk[row.run_pk]
+    for run, row in merged:
         triton = row.triton_version or run.triton_version or "-"
         ident = (triton, run.torch_version or "-", run.cuda_runtime or "-")
         entry = stacks.setdefault(
@@ -346,15 +352,15 @@ def _workloads(
 
 def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None = None) -> Site:
     """Everything the pages show, from the store behind ``session``."""
-    runs = loader.load_runs(session)
-    medians = loader.load_perf_medians(session)
+    runs = logical.group_runs(loader.load_runs(session))
+    medians = logical.merge_medians(session, runs, loader.load_perf_medians(session))
     detected = (
         report.detect(session, thresholds, runs=runs, medians=medians)
         if runs
         else report.RegressionReport(())
     )
     latest = [c.run for c in detected.cells]
-    outcomes = loader.load_outcome_counts(session, [r.pk for r in latest])
+    outcomes = logical.outcome_counts(session, latest)
     synthetic = _synthetic_cells(session)
     by_uid = {r.uid: r for r in runs}
     workloads = _workloads(runs, medians, detected.cells, thresholds)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,14 +223,30 @@ def load_expectations(session: Session) -> list[Expectation]:
     ]
 
 
-def load_outcome_counts(session: Session, run_pks: Collection[int]) -> dict[int, Counter[str]]:
-    """pytest outcomes (passed, failed, skipped, error, crashed) counted per run."""
-    counts: dict[int, Counter[str]] = defaultdict(Counter)
+def load_outcomes(session: Session, run_pks: Collection[int]) -> dict[int, dict[str, str]]:
+    """pytest outcome (passed, failed, skipped, error, crashed) per record key, per run."""
+    found: dict[int, dict[str, str]] = defaultdict(dict)
     for chunk in _chunks(run_pks):
-        stmt = select(TestOutcome.run_pk, TestOutcome.outcome).where(TestOutcome.run_pk.in_(chunk))
-        for run_pk, outcome in session.execute(stmt):
-            counts[run_pk][outcome] += 1
-    return dict(counts)
+        stmt = select(TestOutcome.run_pk, TestOutcome.record_key, TestOutcome.outcome).where(
+            TestOutcome.run_pk.in_(chunk)
+        )
+        for run_pk, record_key, outcome in session.execute(stmt):
+            found[run_pk][record_key] = outcome
+    return dict(found)
+
+
+def load_perf_keys(session: Session, run_pks: Collection[int]) -> dict[int, set[PerfKey]]:
+    """The workload x mode of every performance result of the given runs, whatever its status."""
+    found: dict[int, set[PerfKey]] = defaultdict(set)
+    for chunk in _chunks(run_pks):
+        stmt = (
+            select(PerformanceResult.run_pk, Workload.name, PerformanceResult.mode)
+            .join(Workload, PerformanceResult.workload_pk == Workload.id)
+            .where(PerformanceResult.run_pk.in_(chunk))
+        )
+        for run_pk, name, mode in session.execute(stmt):
+            found[run_pk].add((name, mode))
+    return dict(found)
 
 
 @dataclass(frozen=True)

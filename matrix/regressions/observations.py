@@ -10,6 +10,9 @@ Invariants:
 - A ``ResultKey`` names one result within a run: suite, workload (a PI subject for the pi suite) and mode
   (a PI stage for the pi suite).
 - ``CellKey`` groups runs whose performance may be compared: the same matrix cell id on the same GPU.
+- A ``RunInfo`` may stand for a logical run (``matrix.regressions.logical``): several runs of one cell key
+  sharing a label. ``members`` then lists their pks and uids, oldest first; ``pk`` and ``uid`` are those of
+  the latest member, ``started_at`` that of the first. A plain run has no members.
 """
 
 from __future__ import annotations
@@ -68,6 +71,22 @@ class RunInfo:
     git_sha: str | None = None
     host: str | None = None
     message: str | None = None
+    members: tuple[int, ...] = ()  # pks of the runs of a logical run, oldest first; () for a plain run
+    member_uids: tuple[str, ...] = ()
+
+    @property
+    def pks(self) -> tuple[int, ...]:
+        """The pks of the runs whose results this run holds, oldest first."""
+        return self.members or (self.pk,)
+
+    @property
+    def uids(self) -> tuple[str, ...]:
+        return self.member_uids or (self.uid,)
+
+    @property
+    def order(self) -> tuple[dt.datetime, int]:
+        """Position in the history of its cell key (a logical run sits where its first member started)."""
+        return (self.started_at, self.pks[0])
 
     @property
     def short_uid(self) -> str:

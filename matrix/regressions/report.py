@@ -4,9 +4,13 @@ Problem: "what broke last night" needs, per cell, the run to judge, the run to c
 list of regressions with their evidence, whichever detector found them, marked new or ongoing so that a
 nightly job fails once per new regression and not forever.
 
-Design: ``select_runs`` picks the runs (default: the latest finished run of every cell key) and
-``pick_baseline`` their baselines (default: the previous complete run of the same cell key, i.e. the same
-matrix cell on the same GPU). ``detect`` then runs, per run:
+Design: everything here works on logical runs (``matrix.regressions.logical``): the runs of one cell key
+that share a non-empty label are one run, whose results are, per key, those of the latest of them that
+recorded the key; a run without a label is its own logical run. ``select_runs`` picks the logical runs
+(default: the latest finished one of every cell key; ``--run`` may name a label, a uid or uid prefix of
+any member) and ``pick_baseline`` their baselines (default: the previous complete logical run of the same
+cell key, i.e. the same matrix cell on the same GPU: the previous label's runs, or the previous
+unlabelled run). ``detect`` then runs, per logical run:
 - status against expected (``status``), also on the baseline; a failing key that already failed in the
   baseline is ongoing, otherwise new;
 - pairwise performance against the baseline (``pairwise``); always new (it is relative to the baseline);
@@ -29,7 +33,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from matrix.regressions import history, loader, pairwise, status
+from matrix.regressions import history, loader, logical, pairwise, status
 from matrix.regressions.errors import RegressionsError
 from matrix.regressions.observations import CellKey, ResultKey, RunInfo, Suite
 from matrix.regressions.thresholds import ReproSettings, Thresholds
@@ -114,20 +118,23 @@ def _finished(run: RunInfo) -> bool:
 
 
 def _matching(runs: Sequence[RunInfo], spec: str) -> list[RunInfo]:
-    exact = [r for r in runs if r.uid == spec]
+    """The (logical) runs ``spec`` names: one with a member of that uid, else those with that label, else
+    those with a member whose uid starts with it (4+ characters)."""
+    exact = [r for r in runs if spec in r.uids]
     if exact:
         return exact
     labelled = [r for r in runs if r.label == spec]
     if labelled:
         return labelled
     if len(spec) >= 4:
-        return [r for r in runs if r.uid.startswith(spec)]
+        return [r for r in runs if any(uid.startswith(spec) for uid in r.uids)]
     return []
 
 
 def select_runs(runs: Sequence[RunInfo], spec: str | None = None) -> list[RunInfo]:
-    """Runs to judge: ``spec`` (a run uid, a uid prefix of 4+ characters, or a label matching one run per
-    cell), or by default the latest finished run of every cell key."""
+    """Logical runs to judge: ``spec`` (a run uid or uid prefix of 4+ characters, naming the logical run
+    that holds it, or a label: its logical run in every cell), or by default the latest finished logical
+    run of every cell key. ``runs`` are logical runs in history order (``logical.group_runs``)."""
     if spec is not None:
         chosen = _matching(runs, spec)
         if not chosen:
@@ -149,8 +156,9 @@ def select_runs(runs: Sequence[RunInfo], spec: str | None = None) -> list[RunInf
 
 
 def pick_baseline(runs: Sequence[RunInfo], run: RunInfo, spec: str | None = None) -> RunInfo | None:
-    """The run to compare ``run`` with: from ``spec`` (same cell key preferred; a spec naming exactly one
-    run is used even across cells), else the latest complete run of the same cell key started before it."""
+    """The logical run to compare ``run`` with: from ``spec`` (same cell key preferred; a spec naming
+    exactly one logical run is used even across cells), else the latest complete logical run of the same
+    cell key before it in history (``RunInfo.order``)."""
     if spec is not None:
         candidates = [r for r in _matching(runs, spec) if r.uid != run.uid]
         if not candidates:
@@ -165,7 +173,7 @@ def pick_baseline(runs: Sequence[RunInfo], run: RunInfo, spec: str | None = None
         if r.cell_key == run.cell_key
         and r.uid != run.uid
         and r.status == RunStatus.COMPLETE.value
-        and (r.started_at, r.pk) < (run.started_at, run.pk)
+        and r.order < run.order
     ]
     return earlier[-1] if earlier else None
 
@@ -180,9 +188,7 @@ class _Context:
 
 
 def _history_regressions(ctx: _Context, run: RunInfo, baseline: RunInfo | None) -> list[Regression]:
-    series_runs = [
-        r for r in ctx.runs if r.cell_key == run.cell_key and (r.started_at, r.pk) <= (run.started_at, run.pk)
-    ]
+    series_runs = [r for r in ctx.runs if r.cell_key == run.cell_key and r.order <= run.order]
     series_runs = series_runs[-(ctx.thresholds.history.window + 1) :]
     if run.pk not in ctx.medians:
         return []
@@ -223,11 +229,12 @@ def _history_regressions(ctx: _Context, run: RunInfo, baseline: RunInfo | None) 
 
 
 def _judge_cell(ctx: _Context, run: RunInfo, baseline: RunInfo | None) -> CellReport:
-    pks = [run.pk] + ([baseline.pk] if baseline else [])
-    observations = loader.load_observations(ctx.session, pks)
-    base_obs = observations.get(baseline.pk, []) if baseline else []
+    pks = [*run.pks, *(baseline.pks if baseline else ())]
+    per_pk = loader.load_observations(ctx.session, pks)
+    run_obs = logical.merge_latest(run, per_pk, lambda o: o.key)
+    base_obs = logical.merge_latest(baseline, per_pk, lambda o: o.key) if baseline else []
     base_keys = {o.key for o in base_obs}
-    findings = status.judge_run(run.cell_id, observations.get(run.pk, []), ctx.expectations, base_keys)
+    findings = status.judge_run(run.cell_id, run_obs, ctx.expectations, base_keys)
     fail_on = ctx.thresholds.status.fail_on
     known_failing: set[ResultKey] = set()
     if baseline is not None:
@@ -254,8 +261,11 @@ def _judge_cell(ctx: _Context, run: RunInfo, baseline: RunInfo | None) -> CellRe
     comparison = None
     if baseline is not None:
         samples = loader.load_perf_samples(ctx.session, pks)
+        keys = logical.perf_keys(per_pk)
         comparison = pairwise.compare_runs(
-            samples.get(baseline.pk, {}), samples.get(run.pk, {}), ctx.thresholds.pairwise
+            logical.merge_owned(logical.owners(baseline, keys), samples),
+            logical.merge_owned(logical.owners(run, keys), samples),
+            ctx.thresholds.pairwise,
         )
         for c in comparison.regressions:
             key = ResultKey(Suite.PERFORMANCE, c.workload, c.mode)
@@ -288,18 +298,21 @@ def detect(
     runs: list[RunInfo] | None = None,
     medians: dict[int, dict[pairwise.PerfKey, float]] | None = None,
 ) -> RegressionReport:
-    """Judge the selected runs (see ``select_runs``) against their baselines (see ``pick_baseline``).
-    ``runs`` and ``medians`` may be passed when the caller already loaded them (the dashboards do)."""
-    all_runs = runs if runs is not None else loader.load_runs(session)
+    """Judge the selected logical runs (see ``select_runs``) against their baselines (see
+    ``pick_baseline``). ``runs`` (physical or logical: they are grouped) and ``medians`` (merged per
+    logical run, ``logical.merge_medians``) may be passed when the caller already loaded them (the
+    dashboards do)."""
+    all_runs = logical.group_runs(runs if runs is not None else loader.load_runs(session))
     chosen = select_runs(all_runs, run_spec)
     keys = {r.cell_key for r in chosen}
-    history_pks = [r.pk for r in all_runs if r.cell_key in keys]
+    if medians is None:
+        medians = logical.load_medians(session, [r for r in all_runs if r.cell_key in keys])
     ctx = _Context(
         session=session,
         runs=all_runs,
         thresholds=thresholds,
         expectations=loader.load_expectations(session),
-        medians=medians if medians is not None else loader.load_perf_medians(session, history_pks),
+        medians=medians,
     )
     cells = [_judge_cell(ctx, run, pick_baseline(all_runs, run, baseline_spec)) for run in chosen]
     return RegressionReport(tuple(cells))
@@ -357,8 +370,10 @@ def report_to_json(report: RegressionReport) -> dict[str, Any]:
                 "cell": c.run.cell_id,
                 "gpu": c.run.gpu_name,
                 "run": c.run.uid,
+                "runs": list(c.run.uids),
                 "label": c.run.label,
                 "baseline": c.baseline.uid if c.baseline else None,
+                "baseline_runs": list(c.baseline.uids) if c.baseline else [],
                 "verdicts": dict(sorted(verdicts.items())),
                 "improved": list(c.improvements),
                 "aggregates": [

@@ -7,7 +7,8 @@ scale of a long nightly history.
 Design: ``seed_history`` writes ``nights`` runs per cell with raw samples drawn from a seeded RNG around a
 per-workload x mode level, plus the injected faults it is given. ``seed_demo`` takes whatever the store
 already holds (e.g. the committed results after ``grace-matrix ingest``; a synthetic history if it is
-empty), clones the latest run of one cell as a new run and injects one performance regression and one PI
+empty), clones the latest logical run of one cell (``matrix.regressions.logical``: the runs of a cell
+sharing a label, merged per result) as a new run and injects one performance regression and one PI
 failure into it, so the demo can be redone on real results.
 
 Invariants: every cell written here carries ``extra["synthetic"] = True`` and every run a label starting
@@ -22,14 +23,16 @@ import hashlib
 import random
 import statistics
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from matrix.regressions import loader, logical
 from matrix.regressions.errors import RegressionsError
+from matrix.regressions.observations import RunInfo
 from matrix.store.models import (
     Cell,
     CorrectnessResult,
@@ -341,35 +344,56 @@ def _copied_columns(model: type[Any]) -> tuple[str, ...]:
     return tuple(c.key for c in model.__table__.columns if c.key not in {"id", "run_pk", "recorded_at"})
 
 
+def _merge_key(model: type[Any]) -> Callable[[Any], Hashable]:
+    """What a later run of a logical run replaces: a workload x mode, a PI subject x stage, a test."""
+    if model is PIStageResult:
+        return lambda r: (r.subject, r.stage)
+    if model is TestOutcome:
+        return lambda r: r.record_key
+    return lambda r: (r.workload_pk, r.mode)
+
+
+def _merged_rows(session: Session, model: type[Any], run: RunInfo) -> list[Any]:
+    per_pk = {
+        pk: session.execute(select(model).where(model.run_pk == pk).order_by(model.id)).scalars().all()
+        for pk in run.pks
+    }
+    return logical.merge_latest(run, per_pk, _merge_key(model))
+
+
 def seed_demo(
     session: Session,
     factor: float = 1.25,
     message: str = f"seeded PI failure: cuGraphKernelNodeSetParams rejected the slot table {SCRIPT_PAYLOAD}",
     min_samples: int = 5,
 ) -> DemoSeed:
-    """Clone the latest complete run that has performance samples into a new run one day later, with one
-    workload x mode slowed by ``factor`` and one PI stage failing with ``message``. An empty store is
-    first given a synthetic history."""
+    """Clone the latest complete logical run that has performance samples into a new run one day after
+    its latest member, with one workload x mode slowed by ``factor`` and one PI stage failing with
+    ``message``. An empty store is first given a synthetic history."""
     if session.execute(select(Run.id).limit(1)).first() is None:
         seed_history(session, SyntheticSpec())
-    candidates = session.execute(
-        select(Run)
-        .where(Run.status == RunStatus.COMPLETE.value)
-        .order_by(Run.started_at.desc(), Run.id.desc())
-    ).scalars()
-    source: Run | None = None
-    victim: PerformanceResult | None = None
-    for run in candidates:
-        usable = [p for p in run.performance if p.status == "ok" and len(p.samples_ms or ()) >= min_samples]
+    candidates = [
+        r for r in logical.group_runs(loader.load_runs(session)) if r.status == RunStatus.COMPLETE.value
+    ]
+    found: tuple[RunInfo, PerformanceResult] | None = None
+    for info in reversed(candidates):
+        usable = [
+            p
+            for p in _merged_rows(session, PerformanceResult, info)
+            if p.status == "ok" and len(p.samples_ms or ()) >= min_samples
+        ]
         if usable:
-            source, victim = run, sorted(usable, key=lambda p: p.record_key)[0]
+            found = info, sorted(usable, key=lambda p: p.record_key)[0]
             break
-    if source is None or victim is None:
+    if found is None:
         raise RegressionsError(
             f"no complete run with performance samples (>= {min_samples}) to seed a regression into; "
             "ingest results or seed a synthetic history first"
         )
+    info, victim = found
+    source = session.get_one(Run, info.pk)  # the latest member
     started = source.started_at + dt.timedelta(days=1)
+    cloned = source.uid if len(info.uids) == 1 else f"{len(info.uids)} runs {', '.join(info.uids)}"
     clone = Run(
         uid=str(uuid.uuid4()),
         cell_pk=source.cell_pk,
@@ -379,21 +403,23 @@ def seed_demo(
         label=f"demo-seeded-{started:%Y-%m-%d}",
         git_sha=source.git_sha,
         host=source.host,
-        command="seeded demo: clone of run " + source.uid,
+        command="seeded demo: clone of run " + cloned,
         exit_code=0,
     )
     session.add(clone)
     session.flush()
     for model in _CLONED_MODELS:
         columns = _copied_columns(model)
-        rows = session.execute(select(model).where(model.run_pk == source.id)).scalars().all()
-        payload = [
-            {"run_pk": clone.id, "recorded_at": started, **{c: getattr(r, c) for c in columns}} for r in rows
-        ]
-        for row in payload:
-            if model is PerformanceResult and row["record_key"] == victim.record_key:
+        payload, keys = [], set()
+        for r in _merged_rows(session, model, info):
+            row = {"run_pk": clone.id, "recorded_at": started, **{c: getattr(r, c) for c in columns}}
+            if model is PerformanceResult and r.id == victim.id:
                 row["samples_ms"] = [float(v) * factor for v in row["samples_ms"]]
                 row["median_ms"] = statistics.median(row["samples_ms"])
+            while row["record_key"] in keys:  # two members may have used one key for different results
+                row["record_key"] += "+"
+            keys.add(row["record_key"])
+            payload.append(row)
         if payload:
             session.execute(insert(model), payload)
     pi_rows = (
