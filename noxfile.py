@@ -149,7 +149,9 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         return  # a selection of tests was asked for, not the whole command
     store = f"sqlite:///{Path(session.create_tmp()).resolve() / 'smoke.sqlite'}"
+    # Eager against grace (on a CPU, Inductor alone): one compile per workload keeps this to minutes.
     session.run("grace-matrix", "run", "--cell", "current", "--label", "smoke", "--db", store, "-n", "2",
+                "--", "--modes", "eager,grace", "--time-budget-s", "480",
                 env={"GRACE_SUITE_TIER": "smoke"})  # fmt: skip
     session.run("grace-matrix", "summary", "--db", store)
 
