@@ -13,7 +13,12 @@ Design (one call, on the caller's real inputs):
 3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
    are not timed (timing would repeat the side effects): they keep the best graph variant;
-4. release the dropped graphs, bind the slot's steady run function, return the chosen variant's output.
+4. release the dropped graphs, bind the slot's steady run function, arm the runner's safety net
+   (grace.verify) and return the chosen variant's output, itself compared with the no-graph output.
+
+A PI graph is handed to its plan's ``prepare_launch`` after instantiation (a graph with vendor nodes is
+uploaded, as CUDA asks for device-side node updates); the plan's ``health`` (did the vendor preludes
+apply their updates) is part of every numeric check.
 
 Invariant: every exit path leaves the slot in a steady state (graph variant or no graph with a reason).
 """
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grace.capture import CaptureContext, CapturedGraph, CaptureError, capture_graph, dense_view, summary_hook
+from grace.compat import torch as torch_compat
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import (
     Decision,
@@ -38,6 +44,7 @@ from grace.scg import (
     outputs_match,
     time_variants,
 )
+from grace.verify import graph_health
 
 if TYPE_CHECKING:
     from grace.runner import GraphSlot
@@ -100,6 +107,7 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     record.copy_bytes_per_replay = _copied_bytes(chosen, decision.variant)
     record.copy_launches_per_replay = _copy_launches(chosen, decision.variant)
     slot.run = slot._run_pi if decision.variant == Variant.GRAPH_PI else slot._run_copies
+    slot.arm_verification(args)  # this call's replay, the first steady one, the first at new addresses
     restore()
     return slot.run(args)
 
@@ -189,6 +197,18 @@ def _capture_variants(
         pi_graph.release()
         return graphs
     pi_graph.pi_plan = result
+    prepare_launch = getattr(result, "prepare_launch", None)
+    if callable(prepare_launch):
+        try:
+            stream = torch.cuda.current_stream(device)
+            prepare_launch(torch_compat.graph_exec_handle(pi_graph.graph), int(stream.cuda_stream))
+            stream.synchronize()
+        except Exception as exc:
+            record.add_skip(
+                SkipReason(SkipCode.PI_FAILED, f"preparing the first launch: {type(exc).__name__}: {exc}")
+            )
+            pi_graph.release()
+            return graphs
     record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
     record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
     graphs[Variant.GRAPH_PI] = pi_graph
@@ -227,6 +247,8 @@ def _check_variant(
     problem = outputs_match(reference, out)
     if problem is None and mutated:
         problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input")
+    if problem is None:
+        problem = graph_health(graph)
     if problem is None and variant == Variant.GRAPH_PI and not mutated:
         # PI must follow inputs to new addresses: run again on copies of the dynamic inputs.
         moved = list(args)
@@ -237,7 +259,7 @@ def _check_variant(
             torch.cuda.synchronize(graph.device)
         except Exception as exc:
             return f"replay failed at new input addresses: {type(exc).__name__}: {exc}"
-        problem = outputs_match(reference, out_moved, "output at new input addresses")
+        problem = outputs_match(reference, out_moved, "output at new input addresses") or graph_health(graph)
         if graph.pi_plan is not None:
             graph.pi_plan.update(args)
     return problem

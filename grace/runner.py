@@ -11,7 +11,10 @@ through warm-up calls (run without a graph on grace's capture stream; input muta
 version counters, added to those the FX graph shows), then one deciding call (capture the variants,
 check each against the no-graph output on the caller's inputs, time them unless a persisted decision
 exists, keep one, release the others), then steady calls through one bound function per variant. Any
-failure turns the slot into a no-graph slot with the reason recorded in its ``GraphStats``.
+failure turns the slot into a no-graph slot with the reason recorded in its ``GraphStats``. Safety net
+(grace.verify): the deciding call's returned replay, the first steady call and the first call whose
+dynamic inputs sit at new addresses are compared with the no-graph callable once per graph; a mismatch
+returns the no-graph output and falls back with ``numeric_mismatch``.
 
 Invariants:
 - a slot's graph is used only for inputs with its signature and while its static inputs have the
@@ -35,6 +38,7 @@ import torch
 
 from grace import stats as grace_stats
 from grace.capture import CaptureContext, CapturedGraph, run_on_side_stream
+from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import Decision, DecisionKey, Variant
@@ -100,6 +104,10 @@ class GraphSlot:
         self.decision: Decision | None = None
         self.run: Callable[[Sequence[Any]], Any] = self._run_warmup
         self.signature_text = signature_text
+        # Safety net (grace.verify): replays still to compare with the no-graph callable, and the
+        # dynamic input addresses of the decision (the first call elsewhere is compared too).
+        self.verify_calls = 0
+        self.verify_ptrs: list[int | None] | None = None
 
     # --- steady states ---------------------------------------------------------------------
 
@@ -112,6 +120,10 @@ class GraphSlot:
         assert graph is not None
         if graph.static_indices and not graph.static_inputs_unmoved(args):
             return self._static_moved(args)
+        if self.verify_calls or self.verify_ptrs is not None:
+            when = self._verification_due(args)
+            if when:
+                return self._run_verified(args, graph.run_with_copies, when)
         self.record.calls += 1
         self.record.graph_calls += 1
         try:
@@ -124,12 +136,71 @@ class GraphSlot:
         assert graph is not None
         if graph.static_indices and not graph.static_inputs_unmoved(args):
             return self._static_moved(args)
+        if self.verify_calls or self.verify_ptrs is not None:
+            when = self._verification_due(args)
+            if when:
+                return self._run_verified(args, graph.run_with_pi, when)
         self.record.calls += 1
         self.record.graph_calls += 1
         try:
             return graph.run_with_pi(args, self.runner.options.clone_outputs)
         except Exception as exc:
             return self._replay_failed(args, exc)
+
+    # --- safety net (grace.verify) ----------------------------------------------------------
+
+    def arm_verification(self, args: Sequence[Any], calls: int = 2) -> None:
+        """Compare the next ``calls`` replays and the first one at other input addresses with eager."""
+        if not self.runner.options.check_numerics:
+            return
+        self.verify_calls = calls
+        ptrs: list[int | None] = [None] * len(args)
+        for i in self.runner.plan.dynamic_indices:
+            ptrs[i] = args[i].data_ptr()
+        self.verify_ptrs = ptrs
+
+    def _inputs_moved(self, args: Sequence[Any]) -> bool:
+        ptrs = self.verify_ptrs
+        if ptrs is None or len(ptrs) != len(args):
+            return ptrs is not None
+        return not torch_compat.data_ptrs_equal(args, ptrs, self.runner.plan.dynamic_indices)
+
+    def _verification_due(self, args: Sequence[Any]) -> str:
+        if self._inputs_moved(args):
+            return "first call with inputs at new addresses"
+        if self.verify_calls:
+            return "first replays after the decision"
+        return ""
+
+    def _run_verified(self, args: Sequence[Any], run: Callable[[Sequence[Any], bool], Any], when: str) -> Any:
+        from grace.verify import check_against_reference
+
+        if self._inputs_moved(args):
+            self.verify_ptrs = None  # the move check is done for this graph
+        self.verify_calls = max(0, self.verify_calls - 1)
+        graph = self.graph
+        variant = self.record.variant
+        self.record.calls += 1
+        self.record.graph_calls += 1
+        clone = self.runner.options.clone_outputs
+        try:
+            out, problem, reference = check_against_reference(
+                lambda: run(args, clone),
+                self.runner.compiled,
+                args,
+                sorted(self.mutated),
+                graph,
+                self.runner.plan.device,
+            )
+        except Exception as exc:
+            self.record.calls -= 1
+            self.record.graph_calls -= 1
+            return self._replay_failed(args, exc)
+        if problem is None:
+            return out
+        value = getattr(variant, "value", variant)
+        self.set_no_graph(SkipReason(SkipCode.NUMERIC_MISMATCH, f"{value} at the {when}: {problem}"))
+        return reference
 
     # --- transitions -----------------------------------------------------------------------
 
@@ -152,6 +223,8 @@ class GraphSlot:
         if reason is not None:
             self.record.add_skip(reason)
             log_once(reason, f"graph {self.record.graph_id} ({self.signature_text})")
+        self.verify_calls = 0
+        self.verify_ptrs = None
         self.release_graph()
         self.record.variant = Variant.NO_GRAPH
         self.run = self._run_no_graph

@@ -81,6 +81,21 @@ def has_raw_cuda_graph_exec() -> bool:
     return cls is not None and hasattr(cls, "raw_cuda_graph_exec")
 
 
+def graph_exec_handle(graph: Any) -> int | None:
+    """The ``cudaGraphExec_t`` of an instantiated ``torch.cuda.CUDAGraph`` as an int, or None.
+
+    None where this torch has no ``raw_cuda_graph_exec`` (before 2.8) or the graph has no executable.
+    """
+    getter = getattr(graph, "raw_cuda_graph_exec", None)
+    if not callable(getter):
+        return None
+    try:
+        handle = int(getter())
+    except Exception:
+        return None
+    return handle or None
+
+
 def new_cuda_graph(keep_graph: bool) -> Any:
     """A fresh ``torch.cuda.CUDAGraph``; ``keep_graph`` only where ``has_keep_graph()``."""
     cls = _cuda_graph_class()

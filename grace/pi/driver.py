@@ -180,6 +180,12 @@ def graph_launch(graph_exec: int, stream: int = 0) -> None:
     check("cuGraphLaunch", drv.cuGraphLaunch(drv.CUgraphExec(graph_exec), drv.CUstream(stream)))
 
 
+def graph_upload(graph_exec: int, stream: int = 0) -> None:
+    """``cuGraphUpload``: make the executable graph resident before its first launch on ``stream``."""
+    drv = _drv()
+    check("cuGraphUpload", drv.cuGraphUpload(drv.CUgraphExec(graph_exec), drv.CUstream(stream)))
+
+
 def graph_destroy(graph: int, graph_exec: int | None = None) -> None:
     drv = _drv()
     if graph_exec:

@@ -122,6 +122,40 @@ class PiPlan:
         self._uncovered = tuple(sorted(self._dynamic))
         return False
 
+    @property
+    def vendor_setups(self) -> list[Any]:
+        """The vendor preludes of this graph (objects with a ``status`` tensor, see grace.pi.vendor)."""
+        return [k for k in self._keep_alive if hasattr(k, "prelude_node") and hasattr(k, "status")]
+
+    def prepare_launch(self, graph_exec: int | None, stream: int) -> None:
+        """Called once after instantiation, before the first replay: upload a graph with vendor nodes.
+
+        CUDA asks for ``cuGraphUpload`` before launching a graph whose kernel nodes are updated on the
+        device (DESIGN 3.4); a graph without vendor nodes needs nothing. Raises when the upload is
+        needed and cannot be done, so that the caller declines PI for this graph.
+        """
+        if not self.vendor_setups:
+            return
+        if graph_exec is None:
+            raise RuntimeError("the graph has vendor nodes but this torch gives no executable graph handle")
+        from grace.pi import driver
+
+        driver.graph_upload(graph_exec, stream)
+
+    def health(self) -> str | None:
+        """None when the last replay's vendor preludes all applied their updates, else what failed.
+
+        Reads device memory (a synchronisation): call it where a replay has completed, not per replay.
+        A prelude that never ran (status -1) is only a problem after a replay, which the caller knows.
+        """
+        from grace.pi import vendor
+
+        for setup in self.vendor_setups:
+            status = vendor.prelude_status(setup)
+            if status != 0:
+                return f"vendor prelude status {status} (cudaGraphKernelNodeUpdatesApply did not succeed)"
+        return None
+
     def release(self) -> None:
         """Drop the table and vendor buffers (rewritten modules stay cached for other graphs)."""
         self._keep_alive.clear()

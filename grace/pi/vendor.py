@@ -17,8 +17,9 @@ Invariants:
 - The numerics of the patched kernels must be checked against eager (TMA descriptor layout is not
   documented); the runner does, after the inputs move.
 - A graph with device-updatable nodes is instantiated once and never updated with
-  ``cudaGraphExecUpdate``; CUDA documents ``cuGraphUpload`` before such a launch, which the runner
-  (owner of the executable graph) must do.
+  ``cudaGraphExecUpdate``; CUDA documents ``cuGraphUpload`` before such a launch: the runner hands the
+  executable graph to ``PiPlan.prepare_launch``, which uploads it, and reads every prelude's status
+  (``PiPlan.health``) at each numeric check.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""Safety net for kept graph variants: compare a replay with the no-graph callable at a few calls.
+
+Problem: the deciding call checks each variant once (grace.decide), but the output a steady call returns
+comes from later replays, and a graph (with input copies or with parameter indirection) can go wrong
+only when something about the call changes: inputs at new addresses, a pointer table rewritten, vendor
+kernels patched on the device. A variant kept without timing (``scg=False``, or a mutating callable)
+would otherwise never be compared with eager again.
+
+Design: ``check_against_reference`` runs the graph variant, keeps a copy of what it produced (outputs
+and mutated inputs), restores the mutated inputs, runs the no-graph callable on the same inputs and
+compares, then asks the PI plan (when the variant has one) whether its device-side updates succeeded.
+The runner calls it on the deciding call's returned replay, on the first steady call, and on the first
+call whose dynamic inputs sit at other addresses than at the decision: a handful of extra no-graph runs
+per graph, none per steady call.
+
+Invariants:
+- the callable's side effects are applied exactly once: mutated inputs are restored before the
+  reference run, which applies them again (and its result is what the caller sees on a mismatch);
+- on a match the graph's own outputs are returned (still valid: the reference run allocates outside
+  the graph's pool), so the caller keeps the graph variant's aliasing and lifetime rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from grace.capture import CapturedGraph, dense_view
+from grace.scg import outputs_match
+
+
+def _clone_tree(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple):
+        return tuple(_clone_tree(v) for v in value)
+    if isinstance(value, list):
+        return [_clone_tree(v) for v in value]
+    return value
+
+
+def synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def graph_health(graph: CapturedGraph | None) -> str | None:
+    """What the PI plan of ``graph`` reports after a completed replay (None when fine or no plan)."""
+    plan = graph.pi_plan if graph is not None else None
+    health = getattr(plan, "health", None)
+    if not callable(health):
+        return None
+    problem = health()
+    return str(problem) if problem else None
+
+
+def check_against_reference(
+    run_graph: Callable[[], Any],
+    compiled: Callable[..., Any],
+    args: Sequence[Any],
+    mutated: Sequence[int],
+    graph: CapturedGraph | None,
+    device: torch.device | None,
+) -> tuple[Any, str | None, Any]:
+    """(graph output, problem or None, no-graph output) for one call; see the module docstring."""
+    mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
+    before = {i: args[i].clone() for i in mutated}
+    out = run_graph()
+    got = _clone_tree(out)
+    got_state = [args[i].clone() for i in mutated]
+    for i, saved in before.items():
+        dense_view(args[i]).copy_(dense_view(saved))
+    reference = compiled(*args)
+    synchronize(device)
+    problem = outputs_match(reference, got)
+    if problem is None and mutated:
+        problem = outputs_match([args[i] for i in mutated], got_state, "mutated input")
+    if problem is None:
+        problem = graph_health(graph)
+    return out, problem, reference
