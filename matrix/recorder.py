@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.errors import MatrixError
 from matrix.fingerprint import probe_environment, project_git_sha
+from matrix.redact import redact, redact_value
 from matrix.runner import ENV_CELL, ENV_LABEL
 from matrix.store.access import (
     command_line,
@@ -287,6 +288,7 @@ class Recorder:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
+            value = redact_value(value)  # no machine paths in stored text (matrix.redact)
             if f.name in columns:
                 values[f.name] = value
             elif value != f.default:
@@ -341,9 +343,9 @@ def _message_of(report: pytest.TestReport | pytest.CollectReport, outcome: str |
         return f"xfail: {wasxfail}"
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (path, line, reason)
-        return str(longrepr[2])
+        return redact(str(longrepr[2]))
     crash = getattr(longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else report.longreprtext
+    text = redact(crash.message if crash is not None else report.longreprtext)
     return text[-_MESSAGE_LIMIT:] if text else None
 
 
