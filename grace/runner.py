@@ -116,22 +116,15 @@ class GraphSlot:
         return self.runner.compiled(*args)
 
     def _run_copies(self, args: Sequence[Any]) -> Any:
-        graph = self.graph
-        assert graph is not None
-        if graph.static_indices and not graph.static_inputs_unmoved(args):
-            return self._static_moved(args)
-        if self.verify_calls or self.verify_ptrs is not None:
-            when = self._verification_due(args)
-            if when:
-                return self._run_verified(args, graph.run_with_copies, when)
-        self.record.calls += 1
-        self.record.graph_calls += 1
-        try:
-            return graph.run_with_copies(args, self.runner.options.clone_outputs)
-        except Exception as exc:
-            return self._replay_failed(args, exc)
+        assert self.graph is not None
+        return self._run_graph(args, self.graph.run_with_copies)
 
     def _run_pi(self, args: Sequence[Any]) -> Any:
+        assert self.graph is not None
+        return self._run_graph(args, self.graph.run_with_pi)
+
+    def _run_graph(self, args: Sequence[Any], replay: Callable[[Sequence[Any], bool], Any]) -> Any:
+        """One call through the kept graph variant (``replay``: with copies or with PI)."""
         graph = self.graph
         assert graph is not None
         if graph.static_indices and not graph.static_inputs_unmoved(args):
@@ -139,11 +132,11 @@ class GraphSlot:
         if self.verify_calls or self.verify_ptrs is not None:
             when = self._verification_due(args)
             if when:
-                return self._run_verified(args, graph.run_with_pi, when)
+                return self._run_verified(args, replay, when)
         self.record.calls += 1
         self.record.graph_calls += 1
         try:
-            return graph.run_with_pi(args, self.runner.options.clone_outputs)
+            return replay(args, self.runner.options.clone_outputs)
         except Exception as exc:
             return self._replay_failed(args, exc)
 
