@@ -253,3 +253,29 @@ def test_float_cpu_arithmetic_on_an_input_stays_on_the_cpu(twins: Twins) -> None
     result = cgct.transform(graph.gm, graph.example_inputs)
     assert result.input_adapter is None
     assert any("round differently" in d.message for d in result.diagnoses)
+
+
+def test_emulation_runs_submodules_with_their_real_parameters(twins: Twins) -> None:
+    """Graphs of releases that call built-in modules as submodules (2.4) hold the traced (fake)
+    parameters in those submodules; the CPU emulation must run them with the real twins."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+            self.norm = torch.nn.BatchNorm1d(8).eval()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.linear(x)) * 2
+
+    real = Model()
+    with torch.no_grad():
+        real.norm.running_mean.uniform_()
+    gm = torch.fx.symbolic_trace(twins.module(real))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["linear", "norm"]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = real(x)
+    assert torch.equal(verify.emulate(gm, [x], DEVICE_MAP, twins.real_of), expected)
+    unchanged = cgct.CGCTResult(gm, [x], None, [])
+    assert verify.compare(gm, unchanged, [x], DEVICE_MAP, twins.real_of) == []

@@ -70,14 +70,28 @@ class _Emulator(torch.fx.Interpreter):
             mapped_kwargs = {**mapped_kwargs, "copy": True}
         return super().call_method(target, mapped_args, mapped_kwargs)
 
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        # Graphs of releases that do not inline built-in modules (2.4) call them as submodules, whose
+        # parameters and buffers are the traced (fake) tensors: run with their real, mapped twins.
+        args, kwargs = self._map_args(args, kwargs)
+        submodule = self.fetch_attr(target)
+        named = [*submodule.named_parameters(), *submodule.named_buffers()]
+        if not named:
+            return submodule(*args, **kwargs)
+        tensors = {name: self._real(value) for name, value in named}
+        return torch.func.functional_call(submodule, tensors, tuple(args), dict(kwargs))
+
+    def _real(self, value: torch.Tensor) -> torch.Tensor:
+        real = self.tensor_map(value)
+        return real.to(self._device(real.device))
+
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         mirrors = getattr(self.module, "_cgct_mirrors", {})
         if target in mirrors:
             return self.tensor_map(mirrors[target])
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor):
-            value = self.tensor_map(value)
-            return value.to(self._device(value.device))
+            return self._real(value)
         return value
 
 
