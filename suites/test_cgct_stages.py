@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from grace import cgct
 from grace.cgct import verify
-from grace.cgct.reasons import Diagnosis, ReasonCode
+from grace.cgct.reasons import Diagnosis, Effect, ReasonCode
 from grace.compat import dynamo as compat
 from suites.cgct_harness import DEVICE_MAP, Capture, Twins, capture, devices_of, real_inputs
 from suites.records import CorrectnessRecord, CorrectnessStatus, DiagnosticRecord, WorkloadRef
@@ -189,8 +189,15 @@ def fake_cuda_unsupported() -> str | None:
 
 
 def _one_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    """The root cause in one line: Dynamo wraps what a backend raises (BackendCompilerFailed)."""
+    root = error
+    while (
+        inner := getattr(root, "inner_exception", None) or root.__cause__
+    ) is not None and inner is not root:
+        root = inner
+    lines = str(root).strip().splitlines()
+    text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
+    return text if root is error else f"{text} (raised through {type(error).__name__})"
 
 
 def _differences(expected: Any, actual: Any) -> list[str]:
@@ -301,7 +308,7 @@ def _first_trace_diagnoses(first: Traced, moved: bool) -> list[Diagnosis]:
             source=d.source,
             message=f"first trace, moved to the GPU before Dynamo retraced: {d.message}",
             transformed=moved,
-            effect=d.effect,
+            effect=Effect.NONE if moved else d.effect,  # as grace.cgct.diagnose marks what it fixed
         )
         if d.code is ReasonCode.CPU_ATTRIBUTE
         else d
