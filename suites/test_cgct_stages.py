@@ -41,6 +41,7 @@ from grace.cgct import verify
 from grace.cgct.reasons import Diagnosis, Effect, ReasonCode
 from grace.compat import dynamo as compat
 from suites.cgct_harness import DEVICE_MAP, Capture, Twins, capture, devices_of, real_inputs
+from suites.cgct_models import Detector, position_ids
 from suites.records import CorrectnessRecord, CorrectnessStatus, DiagnosticRecord, WorkloadRef
 from suites.workloads.registry import Tier, Workload, code_hash
 
@@ -63,31 +64,6 @@ class ScaledLinear(torch.nn.Module):
         y = self.linear(x) * torch.tensor(0.5)
         y = y + torch.tensor(np.float64(0.25)).to(y.dtype)
         return y * np.float32(1.5)
-
-
-def position_ids(x: torch.Tensor) -> torch.Tensor:
-    """Position ids made on the CPU and copied to the input's device (language models)."""
-    batch, length = x.shape
-    positions = torch.arange(length).unsqueeze(0).expand(batch, -1).to(x.device)
-    return x * 2 + positions
-
-
-class Detector(torch.nn.Module):
-    """Detection-style head: an anchors buffer, a plain tensor attribute and a list of grids on the CPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.head = torch.nn.Linear(4, 4)
-        self.register_buffer("anchors", torch.arange(16.0).reshape(4, 4))
-        self.scale = torch.tensor([1.0, 2.0, 3.0, 4.0])
-        self.grids = [torch.full((4,), 0.5), torch.linspace(0, 1, 4)]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.head(x) + self.anchors.to(x.device)
-        y = y * self.scale.to(x.device)
-        for grid in self.grids:
-            y = y - grid.to(x.device)
-        return y
 
 
 def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

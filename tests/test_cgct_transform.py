@@ -21,6 +21,7 @@ from grace.cgct import verify
 from grace.cgct.adapter import HoistStep, MirrorStep
 from grace.cgct.reasons import ReasonCode
 from grace.compat import dynamo as compat
+from suites.cgct_models import Detector, position_ids
 
 CPU_CODES = {ReasonCode.CPU_DEVICE, ReasonCode.PARTITION_SPLIT_CPU_OP}
 
@@ -86,12 +87,6 @@ def test_float_arange_is_folded_with_cpu_values(twins: Twins) -> None:
     assert torch.equal(next(iter(constants.values())), torch.arange(0.0, 1.0, 0.1))
 
 
-def position_ids(x: torch.Tensor) -> torch.Tensor:
-    batch, length = x.shape
-    positions = torch.arange(length).unsqueeze(0).expand(batch, -1).to(x.device)
-    return x * 2 + positions
-
-
 def test_position_ids_static_shapes(twins: Twins) -> None:
     (graph,) = capture(position_ids, twins.inputs(torch.randn(2, 6)), twins.mode)
     _, before, after = _transform_and_check(graph, twins)
@@ -108,24 +103,6 @@ def test_position_ids_dynamic_shapes_get_a_device_argument(twins: Twins) -> None
     x = torch.randn(3, 5)
     inputs = [3, 5, x] if len(graph.example_inputs) == 3 else [x]
     assert verify.compare(graph.gm, result, inputs, DEVICE_MAP) == []
-
-
-class Detector(torch.nn.Module):
-    """Detection-style head: anchors buffer, a plain tensor attribute and a list of grids on the CPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.head = torch.nn.Linear(4, 4)
-        self.register_buffer("anchors", torch.arange(16.0).reshape(4, 4))
-        self.scale = torch.tensor([1.0, 2.0, 3.0, 4.0])
-        self.grids = [torch.full((4,), 0.5), torch.linspace(0, 1, 4)]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.head(x) + self.anchors.to(x.device)
-        y = y * self.scale.to(x.device)
-        for grid in self.grids:
-            y = y - grid.to(x.device)
-        return y
 
 
 def test_cpu_attributes_mirrored(twins: Twins) -> None:
