@@ -3,7 +3,8 @@
 ``write_project`` lays out a matrix.toml of ``current`` cells and, per cell, one test module that emits a
 known number of result records (performance, correctness and PI stage records with unicode, nested JSON,
 64-bit integers and floats), skips some tests and fails others, and optionally kills its own process or
-hangs at a given test. Each test appends its node id and the number of records it emitted to
+hangs at a given test, or first waits for other cells to start (so that cells provably run at once).
+Each test appends its node id and the number of records it emitted to
 ``produced.txt`` of its cell before finishing: the witness of what the cell produced, independent of
 the store.
 """
@@ -32,8 +33,18 @@ from suites.records import (
     WorkloadRef,
 )
 
-N, R, CRASH_AT, HANG_AT, SCALE = {tests}, {records}, {crash_at}, {hang_at}, {scale}
+N, R, CRASH_AT, HANG_AT, SCALE, MEET = {tests}, {records}, {crash_at}, {hang_at}, {scale}, {meet}
 MANIFEST = os.path.join(os.path.dirname(__file__), "produced.txt")
+STARTED = os.path.join(os.path.dirname(os.path.dirname(__file__)), ".started")
+
+
+def _meet():
+    # Wait (at most a minute) until MEET cells have reached their first test, so they run at once.
+    os.makedirs(STARTED, exist_ok=True)
+    open(os.path.join(STARTED, os.path.basename(os.path.dirname(__file__))), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(STARTED)) < MEET and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _records(i):
@@ -57,6 +68,8 @@ def _records(i):
 
 @pytest.mark.parametrize("i", range(N))
 def test_synthetic(request, i):
+    if i == 0 and MEET:
+        _meet()
     if i == CRASH_AT:
         os.kill(os.getpid(), signal.SIGKILL)
     if i == HANG_AT:
@@ -79,6 +92,7 @@ class SyntheticCell:
     crash_at: int = -1  # this test kills its own process
     hang_at: int = -1  # this test sleeps for ten minutes
     scale: float = 1.0  # performance samples and medians are multiplied by this
+    meet: int = 0  # the first test waits until this many cells have started theirs
 
     @property
     def directory(self) -> str:
@@ -98,6 +112,7 @@ def write_project(root: Path, cells: list[SyntheticCell]) -> Path:
             crash_at=cell.crash_at,
             hang_at=cell.hang_at,
             scale=cell.scale,
+            meet=cell.meet,
         )
         (directory / f"test_{cell.id.replace('-', '_')}.py").write_text(module, encoding="utf-8")
     config = root / "matrix.toml"

@@ -224,7 +224,11 @@ def test_per_cell_stores_merge_exactly_and_a_crashed_cell_keeps_its_rows(
 def test_cells_write_postgres_at_once_and_match_the_merged_sqlite_exports(
     tmp_path: Path, child_pythonpath: None
 ) -> None:
-    cells = [SyntheticCell("syn-a", 40, 3), SyntheticCell("syn-b", 30, 2), SyntheticCell("syn-c", 35, 4)]
+    cells = [
+        SyntheticCell("syn-a", 40, 3, meet=3),
+        SyntheticCell("syn-b", 30, 2, meet=3),
+        SyntheticCell("syn-c", 35, 4, meet=3),
+    ]
     config = write_project(tmp_path, cells)
     with fresh_database(pg_base_url()) as pg:
         # 1. shared: three cell processes record straight into PostgreSQL, concurrently.
