@@ -67,9 +67,10 @@ def format_text(report: RegressionReport) -> str:
             verdicts[f.verdict.value] = verdicts.get(f.verdict.value, 0) + 1
         counts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no results"
         against = f"vs {base.started_at:%Y-%m-%d} {base.short_uid}" if base else "no baseline"
+        parts = f" (+{len(run.uids) - 1} runs of label {run.label})" if len(run.uids) > 1 else ""
         lines.append(
-            f"{run.cell_id} ({run.gpu_name or 'no GPU'}) run {run.short_uid} {run.started_at:%Y-%m-%d} "
-            f"{against}: {counts}"
+            f"{run.cell_id} ({run.gpu_name or 'no GPU'}) run {run.short_uid}{parts} "
+            f"{run.started_at:%Y-%m-%d} {against}: {counts}"
         )
         for r in cell.regressions:
             tag = "NEW " if r.new else "    "
