@@ -6,7 +6,16 @@ be found), 2 for a configuration error (a bad thresholds or expected-status file
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Any
+
 from matrix.errors import ConfigError, MatrixError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 class RegressionsError(MatrixError):
@@ -17,3 +26,15 @@ class RegressionsConfigError(RegressionsError, ConfigError):
     """A thresholds or expected-status file is unreadable, malformed or inconsistent; exit status 2."""
 
     exit_code = 2
+
+
+def read_config_toml(path: Path, what: str) -> dict[str, Any]:
+    """The TOML table of a thresholds or expected-status file; RegressionsConfigError names ``what``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RegressionsConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RegressionsConfigError(f"{path}: not valid TOML: {exc}") from exc

@@ -25,7 +25,6 @@ Invariants: statuses are validated against the suites' enums; one entry per (cel
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,16 +32,11 @@ from typing import Any
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from matrix.regressions.errors import RegressionsConfigError
+from matrix.regressions.errors import RegressionsConfigError, read_config_toml
 from matrix.regressions.observations import Suite
 from matrix.regressions.status import Expectation
 from matrix.store.models import ExpectedStatus
 from suites.records import CorrectnessStatus, PerformanceStatus, PIStage, StageStatus
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 EXPECTED_FORMAT = 1
 DEFAULT_FILE = "expected.toml"
@@ -121,15 +115,7 @@ def expectations_from_mapping(data: Mapping[str, Any], source: str = "<expected>
 
 def load_expected_file(path: Path | str) -> list[Expectation]:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RegressionsConfigError(f"cannot read expected statuses {path}: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegressionsConfigError(f"{path}: not valid TOML: {exc}") from exc
-    return expectations_from_mapping(data, str(path))
+    return expectations_from_mapping(read_config_toml(path, "expected statuses"), str(path))
 
 
 def sync_expected(session: Session, expectations: Sequence[Expectation]) -> int:

@@ -16,18 +16,12 @@ Invariants:
 from __future__ import annotations
 
 import fnmatch
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from matrix.regressions.errors import RegressionsConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+from matrix.regressions.errors import RegressionsConfigError, read_config_toml
 
 THRESHOLDS_FORMAT = 1
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "thresholds.toml"
@@ -188,12 +182,4 @@ def thresholds_from_mapping(data: Mapping[str, Any], source: str = "<thresholds>
 def load_thresholds(path: Path | str | None = None) -> Thresholds:
     """Read thresholds from ``path`` (default: the ``matrix/thresholds.toml`` shipped with the package)."""
     path = Path(path) if path is not None else DEFAULT_PATH
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RegressionsConfigError(f"cannot read thresholds file {path}: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegressionsConfigError(f"{path}: not valid TOML: {exc}") from exc
-    return thresholds_from_mapping(data, str(path))
+    return thresholds_from_mapping(read_config_toml(path, "thresholds file"), str(path))
