@@ -152,7 +152,7 @@ def tests(session: nox.Session) -> None:
     # Modes that run on a CPU (the graph modes record why they skip); workloads not started within the
     # budget are recorded as skipped with that reason, so the run stays within minutes.
     session.run("grace-matrix", "run", "--cell", "current", "--label", "smoke", "--db", store, "-n", "2",
-                "--", "--modes", "eager,inductor,grace", "--time-budget-s", "300",
+                "--", "--modes", "eager,inductor,grace,grace-cpu", "--time-budget-s", "300",
                 env={"GRACE_SUITE_TIER": "smoke"})  # fmt: skip
     session.run("grace-matrix", "summary", "--db", store)
 

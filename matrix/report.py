@@ -28,7 +28,16 @@ from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run,
 
 REPORT_FORMAT = 1
 BASELINES = ("inductor", "pt2cg")
-MODE_ORDER = ("eager", "inductor", "pt2cg", "pt2cg-nopartition", "grace", "grace-cgct", "grace-cgct-pi")
+MODE_ORDER = (
+    "eager",
+    "inductor",
+    "pt2cg",
+    "pt2cg-nopartition",
+    "grace",
+    "grace-cgct",
+    "grace-cgct-pi",
+    "grace-cpu",
+)
 COLUMNS = (
     "status",
     "median_ms",

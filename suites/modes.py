@@ -8,6 +8,9 @@ Modes:
   op disables capture instead of splitting the graph (only where that config exists).
 - ``grace``: ``grace.compile`` with every technique; ``grace-cgct`` (CGCT, graphs with input copies,
   no PI, no SCG) and ``grace-cgct-pi`` (no SCG) are the ablations.
+- ``grace-cpu``: ``grace.compile`` on a machine without CUDA: grace must take its no-graph path (reason
+  ``no_cuda``) and give eager's values. It is how a CPU-only cell shows that grace imports, registers as
+  a backend and compiles on its torch; on a CUDA device it is skipped (``grace`` covers that).
 
 Invariant: a mode that cannot run says why in one line (``unavailable_reason``), which the suites record
 as a ``skip``; nothing falls back silently. A grace mode lights up as soon as ``grace`` provides its API
@@ -31,6 +34,7 @@ class Mode(str, enum.Enum):
     GRACE = "grace"
     GRACE_CGCT = "grace-cgct"
     GRACE_CGCT_PI = "grace-cgct-pi"
+    GRACE_CPU = "grace-cpu"
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class ModeSpec:
     mode: Mode
     uses_graphs: bool  # replays CUDA graphs (input-address checks apply)
     needs_cuda: bool
+    cpu_only: bool = False  # checks a no-CUDA path: skipped where a CUDA device is used
     techniques: tuple[str, ...] = ()  # grace techniques the mode needs (grace.available_techniques keys)
     grace_options: tuple[tuple[str, bool], ...] = ()  # GraceOptions keyword arguments
 
@@ -64,10 +69,11 @@ SPECS: dict[Mode, ModeSpec] = {
         techniques=("runtime", "cgct", "pi"),
         grace_options=(("scg", False),),
     ),
+    Mode.GRACE_CPU: ModeSpec(Mode.GRACE_CPU, uses_graphs=False, needs_cuda=False, cpu_only=True),
 }
 
 ALL_MODES: tuple[Mode, ...] = tuple(Mode)
-GRACE_MODES: tuple[Mode, ...] = (Mode.GRACE, Mode.GRACE_CGCT, Mode.GRACE_CGCT_PI)
+GRACE_MODES: tuple[Mode, ...] = (Mode.GRACE, Mode.GRACE_CGCT, Mode.GRACE_CGCT_PI, Mode.GRACE_CPU)
 GRACE_API = ("compile", "GraceOptions", "available_techniques")
 DYNAMO_CACHE_LIMIT = 64  # every mode compiles the same code objects once; the default limit is 8
 
@@ -118,6 +124,8 @@ def unavailable_reason(mode: Mode, device_type: str) -> str | None:
     spec = SPECS[mode]
     if spec.needs_cuda and device_type != "cuda":
         return f"no CUDA device: {mode.value} replays CUDA graphs"
+    if spec.cpu_only and device_type == "cuda":
+        return f"a CUDA device is used: {mode.value} checks grace's no-CUDA path (grace covers this device)"
     if mode is Mode.PT2CG_NOPARTITION:
         import torch._inductor.config as inductor_config
 

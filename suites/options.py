@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 TIERS = ("smoke", "standard", "full")
-MODE_NAMES = ("eager", "inductor", "pt2cg", "pt2cg-nopartition", "grace", "grace-cgct", "grace-cgct-pi")
+MODE_NAMES = (
+    "eager",
+    "inductor",
+    "pt2cg",
+    "pt2cg-nopartition",
+    "grace",
+    "grace-cgct",
+    "grace-cgct-pi",
+    "grace-cpu",
+)
 MIN_PERF_SAMPLES = 30
 ENV_TIER = "GRACE_SUITE_TIER"  # set by the matrix runner from the cell's tier
 PERF_GROUP = "gpu-performance"  # the xdist group of every performance test (never two on one GPU)

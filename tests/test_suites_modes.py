@@ -50,9 +50,15 @@ def test_option_names_match_modes() -> None:
 def test_cpu_skips_graph_modes_with_reason() -> None:
     assert modes.unavailable_reason(Mode.EAGER, "cpu") is None
     assert modes.unavailable_reason(Mode.INDUCTOR, "cpu") is None
-    for mode in (Mode.PT2CG, Mode.PT2CG_NOPARTITION, *modes.GRACE_MODES):
+    for mode in (Mode.PT2CG, Mode.PT2CG_NOPARTITION, Mode.GRACE, Mode.GRACE_CGCT, Mode.GRACE_CGCT_PI):
         reason = modes.unavailable_reason(mode, "cpu")
         assert reason is not None and "no CUDA device" in reason
+
+
+def test_grace_cpu_runs_only_without_cuda() -> None:
+    assert modes.unavailable_reason(Mode.GRACE_CPU, "cpu") is None
+    reason = modes.unavailable_reason(Mode.GRACE_CPU, "cuda")
+    assert reason is not None and "no-CUDA path" in reason
 
 
 def test_grace_api_missing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +84,7 @@ def test_grace_options_per_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     model = torch.nn.Identity()
     for mode in modes.GRACE_MODES:
         assert modes.build(mode, model) is model
-    assert grace.calls == [{}, {"cgct": True, "pi": False, "scg": False}, {"scg": False}]  # type: ignore[attr-defined]
+    assert grace.calls == [{}, {"cgct": True, "pi": False, "scg": False}, {"scg": False}, {}]  # type: ignore[attr-defined]
 
 
 def test_prepare_dynamo_raises_the_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
