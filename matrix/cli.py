@@ -9,7 +9,8 @@ parses arguments, calls a typed function and prints. Every subcommand parser is 
 which adds the common options (``--db``, ``--config``, ``--json``, ``-v``), so they work after the
 subcommand name. ``main`` is the only place that prints errors.
 
-Invariants: exit status 0 ok, 1 regression found or user error, 2 usage or configuration error; a
+Invariants: exit status 0 ok, 1 regression found or user error, 2 usage or configuration error, 3 an
+internal error (a bug: the traceback is printed), so a script never takes a crash for a finding; a
 ``MatrixError`` or a database error never shows a traceback (``-v`` adds the log, not the trace).
 """
 
@@ -20,6 +21,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from matrix.commands import COMMAND_MODULES
@@ -28,6 +30,7 @@ from matrix.errors import MatrixError
 logger = logging.getLogger(__name__)
 
 PROG = "grace-matrix"
+INTERNAL_ERROR = 3
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -93,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `grace-matrix ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:
+        traceback.print_exc()
+        print(f"{PROG}: internal error in `{args.command}` (a bug; the traceback is above)", file=sys.stderr)
+        return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

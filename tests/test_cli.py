@@ -193,6 +193,26 @@ def test_errors_are_one_line_with_exit_codes(project, capsys) -> None:
     assert "cannot read" in one_error_line(capsys)
 
 
+def test_a_bug_exits_3_with_its_traceback_not_1(monkeypatch, capsys) -> None:
+    """Exit 1 means "regression found" to the nightly and CI; a crash must never read as one."""
+    import matrix.commands.summary as summary
+
+    def crash(args):
+        raise KeyError("planted")
+
+    real_register = summary.register
+
+    def register(subparsers):
+        real_register(subparsers)
+        subparsers.choices["summary"].set_defaults(handler=crash)
+
+    monkeypatch.setattr(summary, "register", register)
+    assert main(["summary"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "KeyError: 'planted'" in err
+    assert "internal error in `summary`" in err
+
+
 def test_usage_errors_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["cells", "--no-such-option"])

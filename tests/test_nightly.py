@@ -77,6 +77,17 @@ def _nightly(config: Path | str, db: str, workdir: Path, label: str, *extra: str
     return code, json.loads(buffer.getvalue())
 
 
+def _why(report: dict) -> str:
+    """The report and what each report step printed: the message of a failed assertion on a nightly."""
+    parts = [json.dumps(report, indent=1, default=str)]
+    for step in report.get("steps", []):
+        output = step.get("output")
+        if output and Path(output).is_file():
+            head = f"--- {step.get('name')} (exit {step.get('exit_code')}):"
+            parts.append(f"{head}\n{Path(output).read_text()}")
+    return "\n".join(parts)
+
+
 def _rows_by_cell(url: str, label: str) -> dict[str, dict[str, set[str]]]:
     """cell id -> table -> record keys, for the runs with ``label``."""
     content = store_content(url, labels=[label])
@@ -251,7 +262,7 @@ def test_cells_write_postgres_at_once_and_match_the_merged_sqlite_exports(
         code, report = _nightly(
             config, pg, tmp_path / "per-cell", "nightly-per-cell", "--store-mode", "per-cell"
         )
-        assert code == 0, report
+        assert code == 0, _why(report)
         stores = [str(tmp_path / "per-cell" / "stores" / f"{c.id}.sqlite") for c in cells]
         merged = f"sqlite:///{tmp_path / 'merged.sqlite'}"
         assert main(["merge", "--db", merged, *stores]) == 0
@@ -279,7 +290,7 @@ def test_a_slower_night_fails_with_new_regressions_and_renders_the_site(
     target = f"sqlite:///{tmp_path / 'history.sqlite'}"
     config = write_project(tmp_path, [SyntheticCell("syn-a", 8, 1)])
     code, report = _nightly(config, target, tmp_path / "night-1", "night-1")
-    assert code == 0, report
+    assert code == 0, _why(report)
     assert [s["exit_code"] for s in report["steps"]] == [0, 0]
     write_project(tmp_path, [SyntheticCell("syn-a", 8, 1, scale=3.0)])  # every timing three times slower
     code, report = _nightly(config, target, tmp_path / "night-2", "night-2")
