@@ -30,6 +30,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from dashboards.site import HEADLINES, PI_STAGES, SUITES, RunDigest, Site, slug
+from matrix.compatibility import PART_HELP
 from matrix.regressions.observations import RunInfo
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,7 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
     page("index.html", "index.html")
     page("regressions.html", "regressions.html")
     page("pi.html", "pi.html")
+    page("compatibility.html", "compatibility.html", parts=PART_HELP)
     page("workloads.html", "workloads.html")
     for workload in site.workloads:
         page(f"workloads/{workload.slug}.html", "workload.html", depth=1, workload=workload)

@@ -1,13 +1,14 @@
 """What the dashboards show, computed from the results store alone (the view model of the site).
 
 Problem: every page needs a different cut of the same store (latest run per cell, the regressions with
-their evidence, PI stages per Triton x torch x CUDA, each workload's history, any two runs side by side),
-and the site must build in seconds from a store holding 100k results.
+their evidence, PI stages per Triton x torch x CUDA, which parts of GraCE work per cell, each workload's
+history, any two runs side by side), and the site must build in seconds from a store holding 100k results.
 
 Design: ``build_site`` reads the store once per table with column selects (``matrix.regressions.loader``
 and a compact raw pass for the per-run comparison data), runs regression detection on the latest run of
 every cell (``matrix.regressions.report.detect``), runs step detection on every workload x mode history,
-and returns frozen view objects. ``dashboards.render`` turns them into files; nothing here writes.
+builds the compatibility table (``matrix.compatibility.build_table``, as docs/COMPATIBILITY.md does) and
+returns frozen view objects. ``dashboards.render`` turns them into files; nothing here writes.
 Every run shown is a logical run (``matrix.regressions.logical``): the runs of one cell sharing a label
 are one row of the grid, one point of a history, one side of a comparison, with, per key, the results of
 the latest of them that recorded it.
@@ -31,6 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboards.charts import Point, StepMark, line_chart
+from matrix.compatibility import CompatibilityTable, build_table
 from matrix.regressions import history, loader, logical, pairwise, report
 from matrix.regressions.observations import PASSING_STATUS, CellKey, RunInfo, Suite
 from matrix.regressions.status import Verdict
@@ -167,6 +169,7 @@ class Site:
     synthetic: bool
     result_count: int
     thresholds: Thresholds
+    compatibility: CompatibilityTable  # per cell, which parts of GraCE work (matrix.compatibility)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -399,5 +402,6 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
         synthetic=any(r.cell_key in synthetic for r in runs),
         result_count=total,
         thresholds=thresholds,
+        compatibility=build_table(session),
         extra={"by_uid": by_uid},
     )

@@ -116,6 +116,7 @@ def test_every_page_is_written(out: Path, site: Site) -> None:
         "index.html",
         "regressions.html",
         "pi.html",
+        "compatibility.html",
         "workloads.html",
         "runs.html",
         "compare.html",
