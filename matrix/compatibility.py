@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session
 from matrix.errors import ConfigError
 from matrix.redact import redact
 from matrix.regressions import loader, logical, status
-from matrix.regressions.observations import Observation, ResultKey, RunInfo, Suite
+from matrix.regressions.observations import Observation, ResultKey, RunInfo, Suite, natural_key
 from matrix.regressions.status import Expectation
 from matrix.store.models import Diagnostic, RunStatus
 from suites.modes import Mode
@@ -231,11 +231,6 @@ def clean_text(text: str | None, limit: int = REASON_LIMIT) -> str:
     text = _ADDRESS.sub("0x...", text)
     one_line = " ".join(text.split())
     return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
-
-
-def natural_key(text: str) -> tuple[Any, ...]:
-    """Sort "torch-2.9" before "torch-2.10" (as ``matrix.regressions.report`` does, without its scipy)."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text))
 
 
 # -- judging --------------------------------------------------------------------------------------------

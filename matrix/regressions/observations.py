@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType
 
 CellKey = NewType("CellKey", str)
 
@@ -129,3 +130,8 @@ class PerfSample:
     ) -> PerfSample:
         values = tuple(float(v) for v in samples)
         return cls(workload, mode, values, statistics.median(values), nodeid, code_hash)
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """Sort "torch-2.9" before "torch-2.10": digit runs compare as numbers."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text))

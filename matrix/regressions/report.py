@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from matrix.regressions import history, loader, logical, pairwise, status
 from matrix.regressions.errors import RegressionsError
-from matrix.regressions.observations import CellKey, ResultKey, RunInfo, Suite
+from matrix.regressions.observations import CellKey, ResultKey, RunInfo, Suite, natural_key
 from matrix.regressions.thresholds import ReproSettings, Thresholds
 from matrix.store.models import RunStatus
 
@@ -89,11 +89,6 @@ class RegressionReport:
     @property
     def new_regressions(self) -> list[Regression]:
         return [r for r in self.regressions if r.new]
-
-
-def natural_key(text: str) -> tuple[Any, ...]:
-    """Sort "torch-2.9" before "torch-2.10"."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def test_selector(nodeid: str, key: ResultKey) -> str:
