@@ -152,3 +152,32 @@ def devices_of(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[str,
 
     facts = analyze(gm, example_inputs)
     return {node.name: {str(d) for d in record.devices} for node, record in facts.nodes.items()}
+
+
+def strict_fake_run(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Run ``gm`` once under a ``FakeTensorMode`` that refuses real tensors, as AOTAutograd's trace in
+    front of Inductor does: inputs, parameters and buffers become fakes of the same shape, strides, dtype
+    and device; anything else the graph reaches (a tensor attribute a transform left behind) stays real
+    and raises here as it would in Inductor."""
+    from torch.func import functional_call
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv())  # .item() gives a symbol
+
+    def fake(value: Any) -> Any:
+        if isinstance(value, torch.SymInt):
+            return int(value.node.hint)
+        if not isinstance(value, torch.Tensor):
+            return value
+        with mode:
+            return torch.empty_strided(
+                tuple(int(s) for s in value.shape),
+                tuple(int(s) for s in value.stride()),
+                dtype=value.dtype,
+                device=value.device,
+            )
+
+    state = {name: fake(t) for name, t in [*gm.named_parameters(), *gm.named_buffers()]}
+    inputs = tuple(fake(v) for v in example_inputs)
+    with mode, torch.no_grad():
+        functional_call(gm, state, inputs)

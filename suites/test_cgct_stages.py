@@ -10,14 +10,18 @@ Design: each workload is traced with fake ``cuda:0`` tensors through a recording
 attributes and asks Dynamo to retrace (``TensorifyScalarRestartAnalysis`` on releases that let a
 backend ask), the retrace is the expected outcome and the final graph is the one checked. Values:
 the traced graph and CGCT's result are both run for real on the CPU with ``cuda:0`` mapped to ``cpu``
-(grace.cgct.verify) and must be bit-identical.
+(grace.cgct.verify) and must be bit-identical. Before that, CGCT's graph runs once under a fake-tensor
+mode that refuses real tensors, as AOTAutograd's trace in front of Inductor does: a tensor that a
+transform leaves in the graph outside its inputs, parameters and buffers fails there (on a GPU it failed
+Inductor's compile with "Please convert all Tensors to FakeTensors first").
 
 Records, per workload (mode ``cgct-fake-cuda``): one ``CorrectnessRecord``: ``pass``;
 ``fail_accuracy`` when values differ or the graph after CGCT is not what the workload requires (CPU
-nodes left, a host read transformed); ``fail_to_run`` when anything raised (the reason is the
-exception); ``skip`` when this torch cannot make fake CUDA tensors. ``errors`` holds the number of CPU
-nodes before and after; ``details`` the diagnosis codes. Then one ``DiagnosticRecord`` per diagnosis.
-A test fails after its records are emitted when its status is not ``pass``.
+nodes left, a host read transformed); ``fail_to_run`` when anything raised or the strict fake-tensor run
+failed (the reason is the exception); ``skip`` when this torch cannot make fake CUDA tensors.
+``errors`` holds the number of CPU nodes before and after; ``details`` the diagnosis codes. Then one
+``DiagnosticRecord`` per diagnosis. A test fails after its records are emitted when its status is not
+``pass``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,15 @@ from grace import cgct
 from grace.cgct import verify
 from grace.cgct.reasons import Diagnosis, Effect, ReasonCode
 from grace.compat import dynamo as compat
-from suites.cgct_harness import DEVICE_MAP, Capture, Twins, capture, devices_of, real_inputs
+from suites.cgct_harness import (
+    DEVICE_MAP,
+    Capture,
+    Twins,
+    capture,
+    devices_of,
+    real_inputs,
+    strict_fake_run,
+)
 from suites.cgct_models import Detector, position_ids
 from suites.records import CorrectnessRecord, CorrectnessStatus, DiagnosticRecord, WorkloadRef
 from suites.workloads.registry import Tier, Workload, code_hash
@@ -267,6 +279,13 @@ def _check(case: Case, graphs: list[Capture], traced: list[Traced], twins: Twins
     problems = _expectations(case, graphs, traced, result, cpu_before, cpu_after)
     if problems:
         outcome.status, outcome.reason = CorrectnessStatus.FAIL_ACCURACY, "; ".join(problems)
+        return outcome
+    try:
+        strict_fake_run(result.gm, result.example_inputs)
+    except Exception as error:
+        outcome.status = CorrectnessStatus.FAIL_TO_RUN
+        why = _one_line(error)
+        outcome.reason = f"the graph after CGCT fails a strict fake-tensor run (as AOTAutograd's): {why}"
         return outcome
     differences = _values(graphs, traced, result, twins)
     if differences:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from grace import cgct
 from suites import test_cgct_stages as stages
@@ -60,3 +61,27 @@ def test_an_exception_is_fail_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
     outcome = stages.run_case(CASES["cgct_cpu_scalars"])
     assert outcome.status is CorrectnessStatus.FAIL_TO_RUN
     assert outcome.reason is not None and "ValueError" in outcome.reason and "\n" not in outcome.reason
+
+
+def test_a_tensor_left_in_the_graph_fails_the_strict_fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What broke Inductor on the GPU: a constant kept as a plain tensor attribute of the graph module
+    (neither input, parameter nor buffer) reaches AOTAutograd's fake trace as a real tensor."""
+    real_transform = cgct.transform
+
+    def stray_constant(gm: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> cgct.CGCTResult:
+        result = real_transform(gm, inputs, **kwargs)
+        with FakeTensorMode(allow_non_fake_inputs=True):  # a GPU tensor that is not one of the trace's
+            result.gm._stray = torch.ones(8, device="cuda")  # a plain attribute, as folded constants were
+        output = next(n for n in result.gm.graph.nodes if n.op == "output")
+        first = output.args[0][0]
+        with result.gm.graph.inserting_before(output):
+            stray = result.gm.graph.get_attr("_stray")
+            scaled = result.gm.graph.call_function(torch.mul, (first, stray))
+        output.args = ((scaled, *output.args[0][1:]),)
+        result.gm.recompile()
+        return result
+
+    monkeypatch.setattr(cgct, "transform", stray_constant)
+    outcome = stages.run_case(CASES["cgct_cpu_scalars"])
+    assert outcome.status is CorrectnessStatus.FAIL_TO_RUN
+    assert outcome.reason is not None and "strict fake-tensor run" in outcome.reason
