@@ -18,7 +18,12 @@ CASES = {case.name: case for case in stages.CASES}
 
 def test_every_workload_passes_on_this_torch() -> None:
     outcomes = {name: stages.run_case(case) for name, case in CASES.items()}
-    assert {name: o.status for name, o in outcomes.items()} == dict.fromkeys(CASES, CorrectnessStatus.PASS)
+    cpu_build = torch.version.cuda is None  # real models need a CUDA build of torch (else a skip)
+    expected = {
+        name: CorrectnessStatus.SKIP if case.needs_cuda_build and cpu_build else CorrectnessStatus.PASS
+        for name, case in CASES.items()
+    }
+    assert {name: o.status for name, o in outcomes.items()} == expected
     assert outcomes["cgct_cpu_scalars"].cpu_before > 0 and outcomes["cgct_cpu_scalars"].cpu_after == 0
     assert outcomes["cgct_item_left_alone"].details["diagnoses"] == ["data_dependent_sync"]
 
