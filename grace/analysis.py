@@ -3,7 +3,7 @@
 Problem: before compiling, the backend must know which inputs are static (parameters and buffers, used
 in place by the graph), which are dynamic (copied or indirected on each call), which are plain numbers
 (baked into a graph, so part of its signature), which inputs the graph mutates, and whether anything
-forbids a graph: CPU tensors, several devices, autograd.
+forbids a graph: CPU tensors, several devices, autograd, collectives when several ranks run the graph.
 
 Design: pure functions over the FX graph and the example inputs (no CUDA work, testable on CPU with
 meta information from Dynamo's ``example_value``). Mutation detection follows views: an in-place op,
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from grace.compat import dynamo as dynamo_compat
 from grace.compat import torch as torch_compat
 from grace.reasons import SkipCode, SkipReason
 
@@ -99,6 +100,10 @@ def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> I
             elif tensor.device.type == "cpu":
                 first(SkipReason(SkipCode.CPU_OP, f"cpu device ({node.name}: {_target_name(node)})"))
 
+    collectives = collective_skip(gm, dynamo_compat.distributed_world_size())
+    if collectives is not None:
+        first(collectives)
+
     device: torch.device | None = None
     if len(devices) > 1:
         first(SkipReason(SkipCode.MULTIPLE_DEVICES, f"devices {sorted(str(d) for d in devices)}"))
@@ -121,6 +126,27 @@ def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> I
                 )
             )
     return InputAnalysis(tuple(static), tuple(dynamic), tuple(scalars), device, skip)
+
+
+def collective_skip(gm: torch.fx.GraphModule, world_size: int) -> SkipReason | None:
+    """Why a graph with collectives runs without CUDA graphs when several ranks run it, or None.
+
+    Every extra run of a graph (grace's deciding call, a numeric check, SCG's timing, a re-capture after
+    inputs moved) issues its collectives once more on that rank only; ranks that decide differently then
+    wait for each other forever. Until ranks agree on those decisions, such graphs take the no-graph
+    path. At world size 1 a collective has no partner to wait for, and the graph is judged as any other.
+    """
+    if world_size <= 1:
+        return None
+    names = sorted({n for node in gm.graph.nodes if (n := dynamo_compat.collective_name(node.target))})
+    if not names:
+        return None
+    return SkipReason(
+        SkipCode.COLLECTIVES,
+        f"collectives ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) across {world_size} ranks: "
+        "grace's extra runs could differ between ranks and leave collectives unmatched; "
+        "running Inductor without CUDA graphs",
+    )
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:

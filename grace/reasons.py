@@ -33,6 +33,7 @@ class SkipCode(str, enum.Enum):
     CPU_OP = "cpu_op"
     CPU_OUTPUT = "cpu_output"
     MULTIPLE_DEVICES = "multiple_devices"
+    COLLECTIVES = "collectives"
     NO_CUDA_TENSORS = "no_cuda_tensors"
     AUTOGRAD = "autograd"
     UNSUPPORTED_INPUT = "unsupported_input"

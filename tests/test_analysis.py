@@ -141,3 +141,34 @@ def test_setitem_and_iadd_are_mutations() -> None:
     graph.call_function(operator.iadd, (y, 1))
     graph.output(y)
     assert mutated_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == (0, 1)
+
+
+def _reduce(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x * 2, "sum", "0"))
+
+
+def test_collectives_take_the_no_graph_path_only_when_several_ranks_run_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from grace.analysis import collective_skip
+    from grace.compat import dynamo as dynamo_compat
+
+    gm = _traced(_reduce)
+    skip = collective_skip(gm, world_size=2)
+    assert skip is not None and skip.code is SkipCode.COLLECTIVES
+    assert "_c10d_functional.all_reduce" in skip.detail and "2 ranks" in skip.detail
+    assert collective_skip(gm, world_size=1) is None  # no partner to wait for
+    assert collective_skip(_traced(lambda x: x * 2), world_size=8) is None
+
+    # analyze_inputs asks the process group: a graph otherwise fit for CUDA graphs is declined under TP-4.
+    monkeypatch.setattr(dynamo_compat, "distributed_world_size", lambda: 4)
+    with FakeTensorMode():
+        x = torch.empty(2, 4, device="cuda")
+        result = analyze_inputs(gm, [x])
+    assert result.skip is not None and result.skip.code is SkipCode.COLLECTIVES
+
+
+def test_world_size_is_one_without_a_process_group() -> None:
+    from grace.compat import dynamo as dynamo_compat
+
+    assert dynamo_compat.distributed_world_size() == 1

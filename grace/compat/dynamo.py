@@ -121,6 +121,32 @@ def checks_complex_memory_overlap() -> bool:
     return False
 
 
+# Collectives reach Dynamo graphs as ops of the `_c10d_functional` namespace (the native functional
+# collectives of torch 2.3 and later, also what Dynamo rewrites in-place torch.distributed calls into);
+# torch before 2.3 named it `c10d_functional`. Python-level calls of torch.distributed count too.
+_COLLECTIVE_NAMESPACES = ("_c10d_functional.", "c10d_functional.")
+
+
+def collective_name(target: object) -> str | None:
+    """The name of a collective communication op (an FX node target), or None for anything else."""
+    text = str(target)
+    if text.startswith(_COLLECTIVE_NAMESPACES):
+        return text
+    module = getattr(target, "__module__", None) or ""
+    if module.startswith("torch.distributed") and callable(target):
+        return f"{module}.{getattr(target, '__name__', text)}"
+    return None
+
+
+def distributed_world_size() -> int:
+    """The size of the default process group, 1 when torch.distributed is absent or not initialized."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return int(dist.get_world_size())
+
+
 @functools.cache
 def forbidden_cudagraph_ops() -> frozenset[str]:
     """String forms of the ops Inductor never captures (``str(OpOverload)``)."""
