@@ -30,7 +30,10 @@ def hf_model(model_class: str, config_class: str, config: dict[str, Any]) -> nn.
     except Exception as exc:  # lazy module imports fail here (e.g. a broken optional dependency)
         raise WorkloadUnavailable("transformers", exc) from exc
     seed_weights()
-    return model_type(config_type(**config))
+    try:
+        return model_type(config_type(**config))
+    except (ImportError, NameError) as exc:  # transformers' stand-in for a model whose torch is too old
+        raise WorkloadUnavailable("transformers", exc) from exc
 
 
 def special_tokens(vocab: int) -> dict[str, int]:
