@@ -8,6 +8,8 @@
   interpreter running nox as it is.
 - ``matrix``: selects cells (``-- --tag nightly``, ``-- --cell torch-2.4``; default: the matrix's
   default tag), queues their sessions, then ``summary`` (and ``dashboard`` once that command exists).
+- ``published``: the committed exports (``results/*.jsonl``) in a fresh store, then
+  ``docs/COMPATIBILITY.md`` and the dashboard (``site/``) from it.
 - ``tests``, ``lint``, ``summary``, ``dashboard``.
 
 Venvs are reused; a cell's install step is skipped when a stamp in its venv shows the same install
@@ -130,6 +132,23 @@ def dashboard(session: nox.Session) -> None:
     if (failure := _ensure_installed(session, python, [["-e", "."]])) is not None:
         session.error(f"could not install the project: {failure.splitlines()[-1]}")
     session.run("grace-matrix", "dashboard", *session.posargs)
+
+
+@nox.session(reuse_venv=True)
+def published(session: nox.Session) -> None:
+    """The committed results (results/*.jsonl) in one fresh store: docs/COMPATIBILITY.md and the site."""
+    python = _venv_python(session)
+    if (failure := _ensure_installed(session, python, [["-e", "."]])) is not None:
+        session.error(f"could not install the project: {failure.splitlines()[-1]}")
+    exports = sorted(str(p) for p in Path("results").glob("*.jsonl"))
+    if not exports:
+        session.error("no store exports under results/ (results/*.jsonl)")
+    path = Path(session.create_tmp()).resolve() / "published.sqlite"
+    path.unlink(missing_ok=True)  # the committed exports alone, nothing from an earlier call
+    store = f"sqlite:///{path}"
+    session.run("grace-matrix", "ingest", "--db", store, *exports)
+    session.run("grace-matrix", "compatibility", "--db", store)
+    session.run("grace-matrix", "dashboard", "--db", store, *session.posargs)
 
 
 @nox.session(reuse_venv=True)
