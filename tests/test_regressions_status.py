@@ -86,10 +86,13 @@ def test_flaky_entry_absent_from_the_run_is_flaky_not_missing() -> None:
 
 def test_missing_from_expected_file_and_from_baseline() -> None:
     base_keys = {ResultKey(Suite.CORRECTNESS, "gone", "grace"), ResultKey(Suite.PERFORMANCE, "p", "grace")}
-    findings = judge_run("c", [obs("a", "grace", "pass")], [expect("listed", "eager", "pass")], base_keys)
+    entries = [expect("listed", "grace", "pass"), expect("gpu-only", "pt2cg", "fail_to_run")]
+    findings = judge_run("c", [obs("a", "grace", "pass")], entries, base_keys)
     v = verdicts(findings)
     assert v[("gone", "grace")] is Verdict.MISSING
-    assert v[("listed", "eager")] is Verdict.MISSING
+    assert v[("listed", "grace")] is Verdict.MISSING
+    # the run produced no pt2cg result at all (a CPU run of a cell): its expected failure is not missing
+    assert ("gpu-only", "pt2cg") not in v
     # the run produced no performance results at all: a correctness-only run is not missing perf
     assert ("p", "grace") not in v
 

@@ -1,10 +1,11 @@
 """The committed results (results/*.jsonl), through the real commands: ingested into a fresh store, judged,
 then given the seeded demo faults and rendered.
 
-The committed results hold real failures. They must show as FAIL (nothing in expected.toml may hide
-them), and nothing any run of a label recorded may show as MISSING: one night of one cell arrives as
-several runs sharing a label, judged as one logical run (matrix.regressions.logical). The expected FAIL
-set is computed here from the files themselves, per label the latest run's status of each result.
+The committed results hold real failures. They must show as FAIL unless an expected.toml entry names
+that very status with a reason (then they are known failures, XFAIL), and nothing any run of a label
+recorded may show as MISSING: one night of one cell arrives as several runs sharing a label, judged as
+one logical run (matrix.regressions.logical). The expected FAIL set is computed here from the files
+themselves, per label the latest run's status of each result, less what expected.toml explains.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 import pytest
 
 from matrix.cli import main
+from matrix.regressions.expected import load_expected_file
+from matrix.regressions.observations import ResultKey, Suite
+from matrix.regressions.status import expectation_for
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +37,9 @@ TABLES = {
 pytestmark = pytest.mark.skipif(not RESULTS, reason="no committed results under results/")
 
 
-def failing_in_files(paths: list[Path]) -> set[tuple[str, str, str, str]]:
-    """(cell, suite, workload, mode) of every result whose latest status within its label (or its own
-    run, unlabelled) is neither passing nor a skip."""
+def failing_in_files(paths: list[Path]) -> dict[tuple[str, str, str, str], str]:
+    """(cell, suite, workload, mode) -> status of every result whose latest status within its label (or
+    its own run, unlabelled) is neither passing nor a skip."""
     runs: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     for path in paths:
@@ -58,7 +62,9 @@ def failing_in_files(paths: list[Path]) -> set[tuple[str, str, str, str]]:
         if key not in latest or stamp >= tuple(latest[key][0].split("|")):
             latest[key] = (f"{stamp[0]}|{stamp[1]}", row["status"])
     return {
-        (k[0], k[3], k[4], k[5]) for k, (_, status) in latest.items() if status not in (PASSING[k[3]], "skip")
+        (k[0], k[3], k[4], k[5]): status
+        for k, (_, status) in latest.items()
+        if status not in (PASSING[k[3]], "skip")
     }
 
 
@@ -100,7 +106,15 @@ def test_committed_results_then_seeded_demo(
         for r in c["regressions"]
         if r.get("verdict") == "FAIL"
     }
-    assert fails == failing_in_files(RESULTS)  # no expected.toml entry hides a real failure
+    failing = failing_in_files(RESULTS)
+    entries = load_expected_file(ROOT / "expected.toml")
+    explained = set()
+    for (cell, suite, workload, mode), actual in failing.items():
+        entry = expectation_for(entries, cell, ResultKey(Suite(suite), workload, mode))
+        if entry is not None and entry.status == actual:
+            assert entry.reason.strip(), f"{entry} explains {cell}/{workload}/{mode} without a reason"
+            explained.add((cell, suite, workload, mode))
+    assert fails == set(failing) - explained  # an entry explains only the status it names
     assert code == (1 if fails else 0)
 
     capsys.readouterr()

@@ -15,8 +15,8 @@ Verdicts, for one result with expected status E and actual status A:
 - A passes, E does not: IMPROVED (update the expectation).
 - A is ``skip`` and no entry was written for the result: SKIP (a mode that has not landed, a CPU cell).
 - otherwise: FAIL.
-- expected explicitly (literal workload and mode), or present in the baseline run, yet absent from this
-  run: MISSING (FLAKY for a flaky entry).
+- expected explicitly (literal workload and mode, in a suite and mode this run ran), or present in the
+  baseline run, yet absent from this run: MISSING (FLAKY for a flaky entry).
 
 Invariant: FLAKY is never in the failing set (thresholds refuse it).
 """
@@ -153,15 +153,23 @@ def judge_run(
 ) -> list[StatusFinding]:
     """Verdicts for every result of one run, plus MISSING for results expected (literally, or by being in
     the baseline run) but absent. ``suites`` limits MISSING to the suites this run was meant to run
-    (default: the suites it produced results for, so a correctness-only run is not missing perf)."""
+    (default: the suites it produced results for, so a correctness-only run is not missing perf); an
+    expectation is only missed in a mode the run produced results for (a CPU run of a cell is not
+    missing a GPU mode's expected failure)."""
     merged = merge_observations(observations)
     findings = [
         judge_one(cell_id, obs, expectation_for(expectations, cell_id, key)) for key, obs in merged.items()
     ]
     ran_suites = set(suites) if suites is not None else {key.suite for key in merged}
     wanted = {key for key in baseline_keys if key.suite in ran_suites}
+    ran_modes = {(key.suite, key.mode) for key in merged}
     for entry in expectations:
-        if entry.literal and entry.suite in ran_suites and fnmatch.fnmatchcase(cell_id, entry.cell_pattern):
+        if (
+            entry.literal
+            and entry.suite in ran_suites
+            and (entry.suite, entry.mode) in ran_modes
+            and fnmatch.fnmatchcase(cell_id, entry.cell_pattern)
+        ):
             wanted.add(ResultKey(entry.suite, entry.workload, entry.mode))
     for key in sorted(wanted - set(merged)):
         found = expectation_for(expectations, cell_id, key)
