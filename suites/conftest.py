@@ -20,10 +20,12 @@ import pytest
 
 from suites.options import SuiteOptions, add_options
 from suites.records import USER_PROPERTY_KEY, Record
+from suites.tp.options import add_tp_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+    add_tp_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,6 +14,9 @@ Modules, one concept each:
 - ``workloads``: the TP workload table (sizes per tier, code hash);
 - ``results``: the versioned JSON file one run writes per workload;
 - ``run``: the entry point, ``torchrun --nproc-per-node N -m suites.tp.run ...``.
+- ``options``, ``launch``, ``recording``: the pytest suite around it (suites/test_tp.py, marker ``tp``):
+  its ``--tp-sizes`` option, one torchrun per workload and TP size launched with a timeout, and the
+  results file turned into ``suites.records`` records.
 
 Invariant: the TP model of every workload is cut from the unsharded reference model (never initialised
 on its own), so on every rank its output must equal the reference's up to reduction order.
