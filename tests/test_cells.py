@@ -65,6 +65,14 @@ def test_shipped_matrix_has_canaries_triton_only_and_current(shipped) -> None:
     assert current.kind is CellKind.CURRENT and current.torch is None and current.extras == ()
 
 
+def test_shipped_multi_gpu_cell_runs_only_the_tp_suite_outside_quick(shipped) -> None:
+    cell = shipped.cell("current-multi-gpu")
+    assert cell.kind is CellKind.CURRENT and cell.torch is None and cell.cuda is None
+    assert (cell.markers, cell.tier, cell.tags) == ("tp", "standard", ("nightly", "multi-gpu"))
+    assert "2+ GPUs" in cell.description
+    assert cell not in shipped.select() and [c.id for c in shipped.select(["multi-gpu"])] == [cell.id]
+
+
 def test_quick_is_the_default_and_small_nightly_is_everything(shipped) -> None:
     quick = shipped.select()
     assert shipped.default_tag == "quick"

@@ -174,6 +174,12 @@ def test_cell_overrides_choose_another_gpu() -> None:
     assert "gpu-a100" in job.profile.runs_on and job.profile.timeout_minutes == 300
 
 
+def test_the_multi_gpu_cell_runs_on_a_multi_gpu_runner(workflow: dict[str, Any]) -> None:
+    labels = workflow["jobs"][job_id("current-multi-gpu")]["runs-on"]
+    assert "multi-gpu" in labels and "torch-image" in labels
+    assert "multi-gpu" not in workflow["jobs"][job_id("current")]["runs-on"]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -215,5 +221,6 @@ def test_job_ids_must_stay_unique() -> None:
             {"id": "a_b", "kind": "triton-only", "triton": "3.1.0"},
         ],
     }
+    runners = parse_runners({**_runners(), "cells": {}})  # the shipped overrides name shipped cells
     with pytest.raises(ConfigError, match="same CI job id 'cell_a_b'"):
-        plan_cells(parse_matrix(raw), load_runners())
+        plan_cells(parse_matrix(raw), runners)

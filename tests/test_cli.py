@@ -75,7 +75,7 @@ def test_cells_json_lists_every_kind(capsys) -> None:
     assert all(c["triton"] for c in venv)
     assert [c for c in cells if "canary" in c["tags"]]
     assert len([c for c in cells if c["kind"] == "triton-only"]) == 10
-    assert [c["id"] for c in cells if c["kind"] == "current"] == ["current"]
+    assert [c["id"] for c in cells if c["kind"] == "current"] == ["current", "current-multi-gpu"]
     code, quick = run_json(capsys, ["cells", "--config", str(ROOT / "matrix.toml"), "--tag", "quick"])
     assert [c["id"] for c in quick] == ["torch-2.13", "triton-3.7"]
 
