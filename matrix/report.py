@@ -25,19 +25,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
+from suites.options import MODE_NAMES
 
 REPORT_FORMAT = 1
 BASELINES = ("inductor", "pt2cg")
-MODE_ORDER = (
-    "eager",
-    "inductor",
-    "pt2cg",
-    "pt2cg-nopartition",
-    "grace",
-    "grace-cgct",
-    "grace-cgct-pi",
-    "grace-cpu",
-)
+MODE_ORDER = MODE_NAMES  # the suites' modes, in their order
 COLUMNS = (
     "status",
     "median_ms",

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.cells import default_config_path, load_matrix
 from matrix.commands._output import info, print_json
+from matrix.commands.regressions import add_expected_options
 from matrix.commands.report import add_selection, open_selected_store
 from matrix.compatibility import build_table
 from matrix.compatibility_doc import render_markdown
@@ -47,16 +48,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"file to write (default {DEFAULT_OUTPUT}; - for stdout)",
     )
-    expected = parser.add_mutually_exclusive_group()
-    expected.add_argument(
-        "--expected",
-        metavar="PATH",
-        default=None,
-        help=f"expected statuses to load into the store first (default: ./{DEFAULT_FILE} when it exists)",
-    )
-    expected.add_argument(
-        "--no-expected", action="store_true", help="use the expected statuses already in the store"
-    )
+    add_expected_options(parser)
     add_selection(parser)
     parser.set_defaults(handler=handle)
 

@@ -29,6 +29,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="regression thresholds file (default: matrix/thresholds.toml shipped with grace-matrix)",
     )
+    add_expected_options(parser)
+
+
+def add_expected_options(parser: argparse.ArgumentParser) -> None:
+    """``--expected PATH`` / ``--no-expected``: which expected statuses a command judges with."""
     expected = parser.add_mutually_exclusive_group()
     expected.add_argument(
         "--expected",
