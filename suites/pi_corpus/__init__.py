@@ -199,7 +199,10 @@ def _inductor() -> list[CorpusKernel]:
         fn = fns[0]
         meta = getattr(fn, INDUCTOR_META_ATTRIBUTE)
         triton_meta = meta["triton_meta"]
-        kind = configs[meta["kind"]]
+        kind = dict(configs[meta["kind"]])
+        override = configs.get("kernels", {}).get(fn.__name__, {})
+        kind["constexprs"] = {**kind["constexprs"], **override.get("constexprs", {})}
+        kind.update({k: v for k, v in override.items() if k != "constexprs"})
         signature = dict(triton_meta["signature"])
         names = list(signature)
         constants = dict(triton_meta.get("constants", {}))

@@ -7,7 +7,8 @@ it believes a CUDA device exists.
 Design: trace each case with FakeTensors on ``cuda`` and run Inductor's code generation with the device
 queries answered by a description of an H200 (sm_90, 132 SMs). Code generation is all that runs: the
 async compile step only records each kernel's final source, nothing is compiled or launched, and the
-device description never reaches a kernel body. Run it with a CPU build of torch:
+device description never reaches a kernel body. Run it with a CUDA build of torch (no GPU needed; a CPU
+build cannot index fake CUDA tensors, which the tiled case does):
 
     python -m suites.pi_corpus.generate_inductor suites/pi_corpus/inductor
 
@@ -85,6 +86,11 @@ def _cases() -> dict[str, tuple[Callable[..., Any], list[tuple[int, ...]]]]:
         "layernorm": (lambda x, w, b: (F.layer_norm(x, (768,), w, b),), [(64, 768), (768,), (768,)]),
         "slice_add": (lambda x, y: (x.narrow(1, 1, 64) + y,), [(128, 65), (128, 64)]),
         "huge_index": (lambda x: (x * 3.0,), [(3, 1 << 30)]),
+        # A convolution's input made channels-last: a tiled (2D) kernel (densenet121's first kernel).
+        "conv_input": (
+            lambda x: (x.contiguous(memory_format=torch.channels_last) + 1.0,),
+            [(8, 3, 224, 224)],
+        ),
     }
 
 
