@@ -12,6 +12,17 @@ from suites.cgct_harness import (
     capture,
     devices_of,
     real_inputs,
+    strict_fake_run,
 )
 
-__all__ = ["CPU", "CUDA", "DEVICE_MAP", "Capture", "Twins", "capture", "devices_of", "real_inputs"]
+__all__ = [
+    "CPU",
+    "CUDA",
+    "DEVICE_MAP",
+    "Capture",
+    "Twins",
+    "capture",
+    "devices_of",
+    "real_inputs",
+    "strict_fake_run",
+]

@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_cgct_support import DEVICE_MAP, Capture, Twins, capture, devices_of, real_inputs
+from test_cgct_support import (
+    DEVICE_MAP,
+    Capture,
+    Twins,
+    capture,
+    devices_of,
+    real_inputs,
+    strict_fake_run,
+)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from grace import cgct
@@ -48,6 +56,7 @@ def _transform_and_check(
         graph.gm, result, real_inputs(graph.example_inputs, twins), DEVICE_MAP, twins.real_of
     )
     assert problems == []
+    strict_fake_run(result.gm, result.example_inputs)  # what AOTAutograd's trace in front of Inductor needs
     return result, before, after
 
 

@@ -10,9 +10,10 @@ Design, two ways, chosen per attribute:
   ask for a retrace (Note [Asking Dynamo to retrace] in grace.compat.dynamo) and the tensor is a
   plain leaf (not a view, no autograd history, not trainable).
 - Mirror: keep the attribute where it is and give the graph a GPU copy (an input the adapter swaps
-  in, or a graph attribute), refreshed in place when the attribute's version counter or identity
-  changes. Used where a retrace is not possible, where the user asked for no moves, and for an
-  attribute that is on the CPU again after CGCT moved it (never moved twice: no retrace loop).
+  in, or a non-persistent buffer of the graph module), refreshed in place when the attribute's
+  version counter or identity changes. Used where a retrace is not possible, where the user asked
+  for no moves, and for an attribute that is on the CPU again after CGCT moved it (never moved
+  twice: no retrace loop).
 
 Invariants: a moved tensor keeps its class, dtype, values and ``requires_grad``; the only visible
 change is its device. The process-wide registry of moved sources guarantees at most one retrace per
@@ -144,7 +145,9 @@ def mirror_attributes(
             compat.mark_static_input(node, mirror)
         else:
             name = f"_cgct_mirror_{len(mirrors)}"
-            setattr(gm, name, mirror)
+            # A buffer, not a plain attribute: AOTAutograd lifts buffers into its fake trace (a plain
+            # tensor attribute reaches it as a real tensor and stops Inductor's compile).
+            gm.register_buffer(name, mirror, persistent=False)
             mirrors[name] = tensor
             node.target = name
             steps.append(MirrorStep(source=tensor, mirror=mirror, index=None))
