@@ -114,12 +114,16 @@ def matrix(session: nox.Session) -> None:
         session.notify("dashboard", posargs=[])  # not the matrix's own arguments
 
 
+def _install_project(session: nox.Session) -> None:
+    """The project itself (editable) in the session's venv, skipped when its stamp is current."""
+    if (failure := _ensure_installed(session, _venv_python(session), [["-e", "."]])) is not None:
+        session.error(f"could not install the project: {failure.splitlines()[-1]}")
+
+
 @nox.session(reuse_venv=True)
 def summary(session: nox.Session) -> None:
     """Print the runs of the store (after `matrix`: the runs of its label)."""
-    python = _venv_python(session)
-    if (failure := _ensure_installed(session, python, [["-e", "."]])) is not None:
-        session.error(f"could not install the project: {failure.splitlines()[-1]}")
+    _install_project(session)
     session.run("grace-matrix", "summary", *session.posargs)
 
 
@@ -128,18 +132,14 @@ def dashboard(session: nox.Session) -> None:
     """Render the static dashboards from the store."""
     if "dashboard" not in COMMAND_MODULES:
         session.skip("the dashboards have not landed yet (no `grace-matrix dashboard` command)")
-    python = _venv_python(session)
-    if (failure := _ensure_installed(session, python, [["-e", "."]])) is not None:
-        session.error(f"could not install the project: {failure.splitlines()[-1]}")
+    _install_project(session)
     session.run("grace-matrix", "dashboard", *session.posargs)
 
 
 @nox.session(reuse_venv=True)
 def published(session: nox.Session) -> None:
     """The committed results (results/*.jsonl) in one fresh store: docs/COMPATIBILITY.md and the site."""
-    python = _venv_python(session)
-    if (failure := _ensure_installed(session, python, [["-e", "."]])) is not None:
-        session.error(f"could not install the project: {failure.splitlines()[-1]}")
+    _install_project(session)
     exports = sorted(str(p) for p in Path("results").glob("*.jsonl"))
     if not exports:
         session.error("no store exports under results/ (results/*.jsonl)")

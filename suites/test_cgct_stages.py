@@ -100,7 +100,7 @@ class Case:
     dynamo_config: dict[str, Any] = field(default_factory=dict)
     moves_attributes: bool = False
     leaves_host_read: bool = False
-    needs_cuda_build: bool = False  # indexes fake CUDA tensors (fake_cuda_indexing_unsupported)
+    indexes_fake_cuda: bool = False  # a real model: needs fake_cuda_indexing_unsupported() to be None
 
 
 def _registered(name: str, cpu: tuple[int, ...] = ()) -> Case:
@@ -117,7 +117,7 @@ def _registered(name: str, cpu: tuple[int, ...] = ()) -> Case:
         build,
         workload.code or (workload.builder,),
         dynamo_config={"capture_scalar_outputs": True},  # a .item() stays in the graph, not between graphs
-        needs_cuda_build=True,
+        indexes_fake_cuda=True,
     )
 
 
@@ -190,31 +190,34 @@ def _cpu_nodes(gm: torch.fx.GraphModule, inputs: list[Any]) -> set[str]:
     return {name for name, devices in devices_of(gm, inputs).items() if "cpu" in devices}
 
 
-def fake_cuda_unsupported() -> str | None:
-    """Why this torch cannot trace with fake CUDA tensors on this machine, or None when it can."""
+def _fake_cuda_failure(real: torch.Tensor, ops: Callable[[torch.Tensor], Any]) -> BaseException | None:
+    """What ``ops`` raise on a fake ``cuda:0`` copy of ``real`` on this machine, or None."""
     twins = Twins(FakeTensorMode(allow_non_fake_inputs=True))
     try:
-        fake = twins.fake(torch.ones(2), torch.device("cuda", 0))
+        fake = twins.fake(real, torch.device("cuda", 0))
         with twins.mode:
-            (fake * 2 + torch.ones(2).to(fake.device)).sum()
-    except Exception as error:  # any failure means: no fake CUDA here
-        return f"fake CUDA tensors are not available on this torch: {_one_line(error)}"
+            ops(fake)
+    except Exception as error:  # any failure means: not on this torch, on this machine
+        return error
     return None
+
+
+def fake_cuda_unsupported() -> str | None:
+    """Why this torch cannot trace with fake CUDA tensors on this machine, or None when it can."""
+    error = _fake_cuda_failure(torch.ones(2), lambda t: (t * 2 + torch.ones(2).to(t.device)).sum())
+    return None if error is None else f"fake CUDA tensors are not available on this torch: {_one_line(error)}"
 
 
 def fake_cuda_indexing_unsupported() -> str | None:
     """Why this torch cannot index fake CUDA tensors here (real models do), or None when it can. A CPU
     build of torch has no CUDA kernels to dispatch to; torch 2.6 asks the CUDA driver, which a machine
     without a GPU lacks."""
-    twins = Twins(FakeTensorMode(allow_non_fake_inputs=True))
-    try:
-        fake = twins.fake(torch.ones(2, 4, dtype=torch.bool), torch.device("cuda", 0))
-        with twins.mode:
-            fake[:, None, None, :]
-            fake[:, :2]
-    except Exception as error:
-        return f"this torch cannot index fake CUDA tensors without a GPU: {_one_line(error)}"
-    return None
+    error = _fake_cuda_failure(torch.ones(2, 4, dtype=torch.bool), lambda t: (t[:, None, None, :], t[:, :2]))
+    return (
+        None
+        if error is None
+        else f"this torch cannot index fake CUDA tensors without a GPU: {_one_line(error)}"
+    )
 
 
 def _one_line(error: BaseException) -> str:
@@ -265,7 +268,7 @@ def run_case(case: Case) -> Outcome:
     """Trace, transform and check one workload; never raises (a failure is an outcome)."""
     if (reason := fake_cuda_unsupported()) is not None:
         return Outcome(CorrectnessStatus.SKIP, reason)
-    if case.needs_cuda_build and (reason := fake_cuda_indexing_unsupported()) is not None:
+    if case.indexes_fake_cuda and (reason := fake_cuda_indexing_unsupported()) is not None:
         return Outcome(CorrectnessStatus.SKIP, reason)
     cgct.reset_moved_registry()
     twins = Twins(FakeTensorMode(allow_non_fake_inputs=True))
