@@ -7,7 +7,8 @@ about a failure while it makes the same failure on two machines look different.
 
 Design: the recorder passes every free-text value it stores through ``redact``, which replaces the
 known roots of the running process by placeholders (``<repo>``, ``<site-packages>``, ``<env>``, ``~``),
-longest root first so that a site-packages inside the environment is named as such.
+longest root first so that a site-packages inside the environment is named as such (the mechanism is
+suites.redact's, shared with the TP launcher; this module knows the roots of a recording process).
 
 Invariant: only whole path prefixes are replaced (a root followed by a separator or the end); the rest
 of the text is kept byte for byte.
@@ -17,18 +18,18 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 import sysconfig
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from suites.redact import Roots, ordered_roots, redact_text, redact_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
-def default_roots() -> tuple[tuple[str, str], ...]:
+def default_roots() -> Roots:
     """(root, placeholder) pairs for this process, longest root first."""
     roots: dict[str, str] = {}
     for key in ("purelib", "platlib"):
@@ -38,32 +39,16 @@ def default_roots() -> tuple[tuple[str, str], ...]:
     home = os.path.expanduser("~")
     if home not in ("/", "~"):
         roots[home] = "~"
-    cleaned = {os.path.normpath(root): name for root, name in roots.items() if root and root != "/"}
-    return tuple(sorted(cleaned.items(), key=lambda item: len(item[0]), reverse=True))
+    return ordered_roots(roots)
 
 
-def _pattern(roots: tuple[tuple[str, str], ...]) -> re.Pattern[str]:
-    alternatives = "|".join(re.escape(root) for root, _ in roots)
-    return re.compile(f"(?:{alternatives})(?=[/\\\\]|$|[^\\w.-])")
-
-
-def redact(text: str | None, roots: tuple[tuple[str, str], ...] | None = None) -> str | None:
+def redact(text: str | None, roots: Roots | None = None) -> str | None:
     """``text`` with each known root replaced by its placeholder."""
     if not text:
         return text
-    roots = roots if roots is not None else default_roots()
-    if not roots:
-        return text
-    names = dict(roots)
-    return _pattern(roots).sub(lambda match: names[match.group(0)], text)
+    return redact_text(text, roots if roots is not None else default_roots())
 
 
-def redact_value(value: Any, roots: tuple[tuple[str, str], ...] | None = None) -> Any:
+def redact_value(value: Any, roots: Roots | None = None) -> Any:
     """``redact`` applied to every string inside lists and mappings (record details)."""
-    if isinstance(value, str):
-        return redact(value, roots)
-    if isinstance(value, Mapping):
-        return {key: redact_value(item, roots) for key, item in value.items()}
-    if isinstance(value, list):
-        return [redact_value(item, roots) for item in value]
-    return value
+    return redact_tree(value, roots if roots is not None else default_roots())

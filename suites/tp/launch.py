@@ -19,14 +19,13 @@ Invariants:
 - NVLink multicast stays off in every launched environment (as scripts/gpu/tp_check.sh keeps it: on the
   lent machines it can put shared GPUs out of service), whatever the caller's environment says.
 - No text that leaves this module names the out folder, the temporary directory, the checkout or the
-  interpreter's prefix: they become ``<out>``, ``<tmp>``, ``<repo>`` and ``<env>`` (the recorder's
-  matrix.redact does the same for site-packages and the home directory; suites do not import matrix).
+  interpreter's prefix: they become ``<out>``, ``<tmp>``, ``<repo>`` and ``<env>`` (suites.redact does
+  the replacing, as it does for the recorder through matrix.redact).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from suites.redact import ordered_roots, redact_text, redact_tree
 from suites.tp.results import TPResultsError, read_results, result_path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the ``suites`` package
@@ -106,14 +106,10 @@ class LaunchOutcome:
 
 
 class Redactor:
-    """Replaces whole path prefixes (a root followed by a separator, the end or a non-path character)."""
+    """The launch's roots (suites.redact) applied to text and to results (mapping keys included)."""
 
     def __init__(self, roots: Mapping[str, str]) -> None:
-        cleaned = {os.path.normpath(r): name for r, name in roots.items() if r and os.path.normpath(r) != "/"}
-        self.names = cleaned
-        ordered = sorted(cleaned, key=len, reverse=True)  # a folder inside another root is named first
-        alternatives = "|".join(re.escape(root) for root in ordered)
-        self.pattern = re.compile(f"(?:{alternatives})(?=[/\\\\]|$|[^\\w.-])") if ordered else None
+        self.roots = ordered_roots(roots)
 
     @classmethod
     def for_launch(cls, spec: TPLaunch) -> Redactor:
@@ -123,19 +119,11 @@ class Redactor:
         return cls(roots)
 
     def text(self, text: str) -> str:
-        if self.pattern is None or not text:
-            return text
-        return self.pattern.sub(lambda match: self.names[match.group(0)], text)
+        return redact_text(text, self.roots)
 
     def value(self, value: Any) -> Any:
         """``text`` applied to every string inside dicts and lists (keys included)."""
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {self.value(k): self.value(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.value(v) for v in value]
-        return value
+        return redact_tree(value, self.roots, keys=True)
 
 
 def backend_problem(device: str) -> str | None:
