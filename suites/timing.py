@@ -50,3 +50,18 @@ def time_interleaved(
                 continue
             results[name].append(float(start.elapsed_time(end)))
     return results, errors
+
+
+def mean_back_to_back_ms(fn: Callable[[], Any], iters: int) -> float:
+    """Mean milliseconds per call of ``iters`` calls launched back to back between one pair of CUDA
+    events (the GPU check scripts' throughput figure, not the per-call latency of ``time_interleaved``)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / iters

@@ -32,6 +32,7 @@ import torch
 import grace
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from suites.timing import mean_back_to_back_ms
 
 NUMERIC_WORKLOADS = (
     "elementwise_64x1m",
@@ -139,17 +140,6 @@ def numerics(name: str, cache_dir: str) -> dict[str, Any]:
     }
 
 
-def _time(fn: Callable[[], Any], iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return float(start.elapsed_time(end)) / iters
-
-
 def floor_ms(call: Callable[[], Any]) -> float | None:
     """Summed CUDA kernel time of one call, from the profiler (the GPU-busy floor)."""
     try:
@@ -202,7 +192,7 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
         for s in range(samples):
             shift = s % len(order)
             for mode in order[shift:] + order[:shift]:
-                raw[mode].append(_time(calls[mode], iters))
+                raw[mode].append(mean_back_to_back_ms(calls[mode], iters))
         floor = floor_ms(calls["inductor"])
     med = {m: statistics.median(v) for m, v in raw.items()}
     records = [r for r in grace.stats.snapshot() if r.get("graph_hash")]

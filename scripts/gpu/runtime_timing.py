@@ -22,6 +22,7 @@ import torch
 import grace
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from suites.timing import mean_back_to_back_ms
 
 
 def _elementwise(x: torch.Tensor) -> torch.Tensor:
@@ -47,17 +48,6 @@ def _workloads() -> dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]
     }
 
 
-def _time(fn: Callable[[], Any], iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return float(start.elapsed_time(end)) / iters
-
-
 def run(samples: int, iters: int, cache_dir: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, (fn, inputs) in _workloads().items():
@@ -80,7 +70,7 @@ def run(samples: int, iters: int, cache_dir: str) -> dict[str, Any]:
             for s in range(samples):
                 shift = s % len(order)
                 for mode in order[shift:] + order[:shift]:
-                    raw[mode].append(_time(calls[mode], iters))
+                    raw[mode].append(mean_back_to_back_ms(calls[mode], iters))
         med = {m: statistics.median(v) for m, v in raw.items()}
         grace_records = [r for r in grace.stats.snapshot() if r["graph_hash"]]
         results[name] = {
