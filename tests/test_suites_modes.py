@@ -87,13 +87,16 @@ def test_grace_options_per_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert grace.calls == [{}, {"cgct": True, "pi": False, "scg": False}, {"scg": False}, {}]  # type: ignore[attr-defined]
 
 
-def test_prepare_dynamo_raises_the_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_dynamo_raises_the_recompile_limit() -> None:
     import torch._dynamo.config as dynamo_config
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(dynamo_config, name, 8)
-    modes.prepare_dynamo()
-    assert getattr(dynamo_config, name) == modes.DYNAMO_CACHE_LIMIT
+    # The config's own patch, which restores every limit after: pytest's monkeypatch finds no original
+    # in a config module's __dict__ and deletes the option on undo, breaking Dynamo for later tests.
+    limits = {n: 8 for n in ("recompile_limit", "cache_size_limit") if hasattr(dynamo_config, n)}
+    with dynamo_config.patch(limits):
+        modes.prepare_dynamo()
+        assert getattr(dynamo_config, name) == modes.DYNAMO_CACHE_LIMIT
 
 
 def test_eager_and_inductor_build() -> None:
