@@ -4,10 +4,19 @@ Problem: a user whose model got no speed-up needs to see, per Dynamo graph, whet
 captured, which variant runs, and every reason something was declined (CPU tensors, mutations, PI,
 SCG's timings), plus CGCT's diagnoses of what it could not transform.
 
-Design: compile the model with a fresh ``GraceBackend`` while collecting the backend's
+Design: compile the model with a backend equal only to itself while collecting the backend's
 ``CompiledGraphInfo`` records, call it enough times to pass warm-up and the deciding call, then join the
-records with the live stats of the runners they produced. ``ExplainReport`` is a frozen value whose
-``str()`` is the printable report; ``.diagnoses`` lists CGCT's diagnosis objects unchanged.
+records with the live stats of the runners they produced, and release those runners' graphs.
+``ExplainReport`` is a frozen value whose ``str()`` is the printable report; ``.diagnoses`` lists
+CGCT's diagnosis objects unchanged.
+
+Invariant: explaining never touches another compile of the same code. Backends with equal options
+compare equal (so compiling twice does not recompile), and Dynamo serves a frame from any cache entry
+whose backend compares equal and whose guards pass; a second instance of a model class passes the
+guards of the first one's entry. A backend equal to other grace backends would therefore run explain's
+calls through the user's runners (re-capturing them for the copy's parameters, and leaving the report
+empty because nothing compiled). Explain's backend compiles its own entries; their graphs and pools are
+released before the report is returned, so explaining leaves no GPU memory behind.
 """
 
 from __future__ import annotations
@@ -15,7 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from grace.backend import GraceBackend
 from grace.options import GraceOptions
+
+
+class _ExplainBackend(GraceBackend):
+    """A grace backend equal only to itself: Dynamo never shares its cache entries with other compiles."""
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
 
 
 @dataclass(frozen=True)
@@ -88,11 +107,12 @@ def explain(
     import torch
 
     from grace import stats
-    from grace.backend import GraceBackend, collect_compiled_graphs, stop_collecting
+    from grace.backend import collect_compiled_graphs, stop_collecting
+    from grace.runner import release_callables
     from grace.techniques import available
 
     opts = GraceOptions.from_value(options)
-    compiled = torch.compile(model, backend=GraceBackend(opts))
+    compiled = torch.compile(model, backend=_ExplainBackend(opts))
     sink = collect_compiled_graphs()
     try:
         for _ in range(calls if calls is not None else opts.warmup_calls + 2):
@@ -102,6 +122,7 @@ def explain(
     by_callable: dict[int, list[dict[str, Any]]] = {}
     for record in stats.snapshot():
         by_callable.setdefault(record["callable_id"], []).append(record)
+    release_callables({info.callable_id for info in sink})
     graphs = []
     all_diagnoses: list[Any] = []
     for info in sink:

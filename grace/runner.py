@@ -253,9 +253,23 @@ class GraphSlot:
                 )
             )
             return self._run_no_graph(args)
-        self.record.add_skip(SkipReason(SkipCode.STATIC_INPUT_MOVED, "re-captured after a parameter moved"))
+        self.record.add_skip(
+            SkipReason(
+                SkipCode.STATIC_INPUT_MOVED,
+                f"re-captured after a parameter moved ({self._moved_static_text(args)})",
+            )
+        )
         self.release_graph()
         return self._decide(args)
+
+    def _moved_static_text(self, args: Sequence[Any]) -> str:
+        graph = self.graph
+        if graph is None:
+            return "no graph"
+        moved = [i for i in graph.static_indices if args[i].data_ptr() != graph.static_ptrs[i]]
+        shown = ", ".join(f"input {i} {tuple(args[i].shape)}" for i in moved[:3])
+        more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+        return f"{len(moved)} of {len(graph.static_indices)} static inputs: {shown}{more}"
 
     def _decide(self, args: Sequence[Any]) -> Any:
         from grace.decide import decide
@@ -371,6 +385,14 @@ def describe_signature(key: tuple[Any, ...]) -> str:
 
 
 _live_runners: weakref.WeakSet[GraceRunner] = weakref.WeakSet()
+
+
+def release_callables(callable_ids: set[int]) -> int:
+    """Release the graphs of the live runners with these ids; returns how many were released."""
+    runners = [r for r in list(_live_runners) if r.callable_id in callable_ids]
+    for runner in runners:
+        runner.release()
+    return len(runners)
 
 
 def release_all() -> int:

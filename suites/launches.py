@@ -12,6 +12,12 @@ graph when Kineto tags it with a graph id or when its correlation id is that of 
 call (CUPTI gives kernels replayed from a graph the correlation id of the launch); every other device
 kernel was launched individually. The floor is the union of all device activity intervals (kernels,
 memcpy, memset), so overlapping streams are not double counted.
+
+``profile_steady`` answers the other question, what a call costs when calls follow each other: it
+profiles many back-to-back calls and reports per call the busy time, the kernel and copy time and the
+device's idle time between the first and the last activity (``steady_from_trace``). A floor taken from
+one isolated call can sit below what the same kernels take in steady state (clocks, memory traffic of
+the previous call); the steady busy time is the floor a back-to-back throughput figure is judged by.
 """
 
 from __future__ import annotations
@@ -110,21 +116,94 @@ def facts_from_trace(trace: Mapping[str, Any]) -> CallFacts:
     )
 
 
-def profile_call(call: Callable[[], Any]) -> CallFacts:
-    """Run ``call`` once under the profiler (CUDA must be available) and return its facts."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+@dataclass(frozen=True)
+class SteadyFacts:
+    """Per-call device figures of ``calls`` back-to-back calls (milliseconds per call)."""
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
+    calls: int
+    busy_ms: float  # union of device activity
+    kernel_ms: float  # sum of kernel durations
+    memcpy_ms: float  # sum of memcpy durations
+    span_ms: float  # first device activity start to last end
+    idle_ms: float  # span minus busy: the device waited for the host or for launches
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def steady_from_trace(trace: Mapping[str, Any], calls: int) -> SteadyFacts:
+    """Reduce a Kineto Chrome trace of ``calls`` back-to-back calls to per-call figures."""
+    if calls <= 0:
+        raise ValueError(f"calls must be positive, not {calls}")
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, Mapping) and e.get("ph") == "X"]
+    device = KERNEL_CATEGORIES | MEMCPY_CATEGORIES | MEMSET_CATEGORIES
+    intervals: list[tuple[float, float]] = []
+    kernel_us = memcpy_us = 0.0
+    for e in events:
+        cat = e.get("cat")
+        if cat not in device:
+            continue
+        start, duration = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+        intervals.append((start, start + duration))
+        if cat in KERNEL_CATEGORIES:
+            kernel_us += duration
+        elif cat in MEMCPY_CATEGORIES:
+            memcpy_us += duration
+    busy = _union_ms(intervals)
+    span = (
+        (max(end for _, end in intervals) - min(start for start, _ in intervals)) / 1000.0
+        if intervals
+        else 0.0
+    )
+    return SteadyFacts(
+        calls=calls,
+        busy_ms=busy / calls,
+        kernel_ms=kernel_us / 1000.0 / calls,
+        memcpy_ms=memcpy_us / 1000.0 / calls,
+        span_ms=span / calls,
+        idle_ms=max(0.0, span - busy) / calls,
+    )
+
+
+def _trace_of(run: Callable[[], Any], activities: Any) -> dict[str, Any]:
+    """Run ``run`` under the profiler and return the Chrome trace Kineto exports."""
+    from torch.profiler import profile
+
+    with profile(activities=activities) as prof:
+        run()
     fd, path = tempfile.mkstemp(suffix=".json", prefix="grace-matrix-trace-")
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
         with open(path) as handle:
-            trace = json.load(handle)
+            trace: dict[str, Any] = json.load(handle)
     finally:
         os.unlink(path)
-    return facts_from_trace(trace)
+    return trace
+
+
+def profile_steady(call: Callable[[], Any], calls: int = 20) -> SteadyFacts:
+    """Profile ``calls`` calls launched back to back (one synchronisation at the end)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    def run() -> None:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+
+    torch.cuda.synchronize()
+    return steady_from_trace(_trace_of(run, [ProfilerActivity.CUDA]), calls)
+
+
+def profile_call(call: Callable[[], Any]) -> CallFacts:
+    """Run ``call`` once under the profiler (CUDA must be available) and return its facts."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    def run() -> None:
+        call()
+        torch.cuda.synchronize()
+
+    torch.cuda.synchronize()
+    return facts_from_trace(_trace_of(run, [ProfilerActivity.CPU, ProfilerActivity.CUDA]))

@@ -164,6 +164,25 @@ def test_cgct_failure_is_recorded_not_raised(monkeypatch: pytest.MonkeyPatch) ->
     assert "graph" in str(report)
 
 
+def test_explain_compiles_its_own_graphs_beside_an_equal_compile() -> None:
+    """A second instance of a class passes the guards of the first one's Dynamo entry; explain must
+    still compile (and report) its own graph instead of running through the user's runner."""
+    import copy
+
+    model = Small()
+    x = torch.randn(2, 8)
+    compiled = grace.compile(model, options=GraceOptions())
+    with torch.no_grad():
+        compiled(x)
+        user_ids = {r["callable_id"] for r in stats.snapshot()}
+        user_calls = {r["callable_id"]: r["calls"] for r in stats.snapshot()}
+        report = grace.explain(copy.deepcopy(model), x)
+    assert len(report.graphs) == 1, str(report)
+    assert report.graphs[0].callable_id not in user_ids
+    after = {r["callable_id"]: r["calls"] for r in stats.snapshot() if r["callable_id"] in user_ids}
+    assert after == user_calls  # explain's calls ran through its own runner only
+
+
 def test_missing_seams_give_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     from grace.backend import load_seam
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from suites import grace_stats
-from suites.launches import facts_from_trace
+from suites.launches import facts_from_trace, steady_from_trace
 from suites.timing import interleaved_order
 
 
@@ -52,6 +52,26 @@ def test_overlapping_activity_is_not_double_counted() -> None:
 def test_empty_trace() -> None:
     facts = facts_from_trace({"traceEvents": []})
     assert (facts.kernel_launches, facts.graph_launches, facts.busy_ms) == (0, 0, 0.0)
+
+
+def test_steady_figures_are_per_call() -> None:
+    # two calls: copy [0,2] + kernel [3,10], then copy [12,14] + kernel [14,21]; CPU events ignored
+    trace = {
+        "traceEvents": [
+            ev("gpu_memcpy", "Memcpy HtoD", 0, 2),
+            ev("kernel", "k", 3, 7),
+            ev("gpu_memcpy", "Memcpy HtoD", 12, 2),
+            ev("kernel", "k", 14, 7),
+            ev("cpu_op", "aten::add", 0, 100),
+        ]
+    }
+    facts = steady_from_trace(trace, 2)
+    assert facts.kernel_ms == pytest.approx(7 / 1000) and facts.memcpy_ms == pytest.approx(2 / 1000)
+    assert facts.busy_ms == pytest.approx(9 / 1000)
+    assert facts.span_ms == pytest.approx(10.5 / 1000)  # 21 us over 2 calls
+    assert facts.idle_ms == pytest.approx(1.5 / 1000)  # gaps [2,3] and [10,12]
+    with pytest.raises(ValueError):
+        steady_from_trace(trace, 0)
 
 
 def test_interleaved_order_rotates() -> None:

@@ -9,7 +9,10 @@ each one, so a lease that ends early still returns everything measured so far:
 2. ``timing``: eager, inductor, pt2cg (``mode="reduce-overhead"``), grace with PI forced and grace with
    SCG, interleaved and rotated; each sample is the mean of ``--iters`` back-to-back calls between CUDA
    events; inputs alternate between two sets at different addresses (so PI writes its table and pt2cg
-   copies every call). The GPU-busy floor is the summed kernel time of one inductor call (profiler).
+   copies every call). Floors: the device-busy time of one isolated inductor call (profiler), and the
+   busy time per call of 20 back-to-back inductor calls (``suites.launches.profile_steady``), the floor
+   a back-to-back figure is judged by. Per mode also: the steady-state busy, copy and idle time per call,
+   and the host time a call takes to return while the GPU is held busy (``suites.timing``).
 
 Run from the repository root on a CUDA machine: ``python scripts/gpu/pi_gpu_check.py --out DIR``.
 """
@@ -32,7 +35,8 @@ import torch
 import grace
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
-from suites.timing import mean_back_to_back_ms
+from suites.launches import profile_steady
+from suites.timing import host_ms_per_call, mean_back_to_back_ms
 
 NUMERIC_WORKLOADS = (
     "elementwise_64x1m",
@@ -194,7 +198,10 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
             for mode in order[shift:] + order[:shift]:
                 raw[mode].append(mean_back_to_back_ms(calls[mode], iters))
         floor = floor_ms(calls["inductor"])
+        steady = {m: profile_steady(call, 20).to_dict() for m, call in calls.items()}
+        host = {m: host_ms_per_call(call) for m, call in calls.items()}
     med = {m: statistics.median(v) for m, v in raw.items()}
+    steady_floor = steady["inductor"]["busy_ms"]
     records = [r for r in grace.stats.snapshot() if r.get("graph_hash")]
     out: dict[str, Any] = {
         "median_ms": med,
@@ -203,6 +210,10 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
         "pt2cg_over_grace_pi": med["pt2cg"] / med["grace_pi"],
         "pt2cg_over_grace": med["pt2cg"] / med["grace"],
         "grace_pi_over_floor": (med["grace_pi"] / floor) if floor else None,
+        "steady_floor_ms": steady_floor,
+        "grace_pi_over_steady_floor": (med["grace_pi"] / steady_floor) if steady_floor else None,
+        "steady": steady,
+        "host_ms_per_call": host,
         "variants": [(r["signature"], r["variant"], r["pi_bytes_per_replay"]) for r in records],
     }
     return out
@@ -257,7 +268,9 @@ def main() -> int:
                 print(
                     f"timing {name}: "
                     + ", ".join(f"{m} {v:.4f}" for m, v in value["median_ms"].items())
-                    + f" ms; floor {value['floor_ms']}; pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x",
+                    + f" ms; floor {value['floor_ms']} (steady {value['steady_floor_ms']:.4f});"
+                    + f" pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x; host ms/call "
+                    + ", ".join(f"{m} {v:.4f}" for m, v in value["host_ms_per_call"].items()),
                     flush=True,
                 )
         except Exception as exc:

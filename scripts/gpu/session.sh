@@ -6,6 +6,7 @@
 #   gpu-tests   pytest -m gpu over tests/ (runtime, capture, PI and CGCT device tests)
 #   cgct        scripts/gpu/cgct_check.py $GRACE_CGCT_ARGS (kernels in graphs, with and without partitions)
 #   pi          scripts/gpu/pi_gpu_check.py (PI numerics after moves, bytes per replay, timing)
+#   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 # Everything lands in one bundle.tar.gz (plus the store export and the log) in $OUT.
 # Wheels: a directory named by $GRACE_WHEELS (default: .carry/wheels) holding SQLAlchemy, Alembic and
@@ -47,6 +48,9 @@ for spec in "${STEPS[@]}"; do
       OUT="$OUT" timeout -s INT -k 20 "$limit" python scripts/gpu/cgct_check.py ${GRACE_CGCT_ARGS:-} ;;
     pi)
       timeout -s INT -k 20 "$limit" python scripts/gpu/pi_gpu_check.py --out "$OUT/pi" \
+        --deadline-s "$((limit - 30))" ;;
+    repro)
+      timeout -s INT -k 20 "$limit" python scripts/gpu/repro_linears.py --trials 500 --out "$OUT/repro" \
         --deadline-s "$((limit - 30))" ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
