@@ -2,7 +2,8 @@
 
 Steps: compile and warm up every mode first (shared with the correctness suite through
 suites.harness), then profile one call per mode (launch facts, GPU-busy floor), then time all modes in
-interleaved rounds with CUDA events (suites.timing). Bytes copied per replay: for PyTorch2-CG modes the
+interleaved rounds with CUDA events (suites.timing), keeping the median host time a call took to
+return (``details.host_ms_median``: the launch cost the CPU paid before the GPU could finish). Bytes copied per replay: for PyTorch2-CG modes the
 device bytes of the non-static (user) inputs when the call replayed a graph (cudagraph trees copy each
 into its static placeholder), for grace modes the ``copy_bytes_per_replay`` grace.stats reports for the
 mode's own graphs; modes that replay no graph have none. Speedups are not computed here: the report
@@ -92,12 +93,15 @@ def _measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) ->
         except Exception as exc:  # the timing is still worth having
             facts[mode] = f"profiler: {describe(exc, 500)}"
             logger.warning("profiling %s/%s failed: %s", prepared.workload.name, mode.value, facts[mode])
-    timings, errors = time_interleaved({m.value: _bound(e) for m, e in ready.items()}, samples)
+    host: dict[str, list[float]] = {}
+    timings, errors = time_interleaved({m.value: _bound(e) for m, e in ready.items()}, samples, host)
     snapshot = grace_stats.snapshot() if any(m in GRACE_MODES for m in ready) else {}
     for mode, entry in ready.items():
         done[mode] = _record(
             prepared, mode, entry, facts[mode], timings[mode.value], errors.get(mode.value), snapshot, samples
         )
+        if host.get(mode.value):
+            done[mode].details["host_ms_median"] = statistics.median(host[mode.value])
     return [done[m] for m in modes]
 
 

@@ -1,11 +1,14 @@
 """Interleaved latency sampling with CUDA events.
 
 Problem: clocks, thermals and other tenants drift during a run; timing one mode after another turns
-that drift into fake speedups. Design: every round times each mode once, in an order rotated by one
-position per round, so each mode sees every position equally often. One sample is one call: the
-stream is synchronised first (the GPU is idle), an event is recorded before the call and one after,
-and the elapsed time between them includes the CPU's launch overhead, which is what CUDA graphs
-remove. Raw samples are returned; summaries are the report's job.
+that drift into fake speedups. Design: every round times each mode once, in a fresh order drawn from a
+seeded generator, so each mode sees every position and every predecessor about equally often (a mode
+that always ran right after the same other mode would inherit whatever state that one leaves behind:
+allocator pools, caches, host-side bookkeeping). One sample is one call: the stream is synchronised
+first (the GPU is idle), an event is recorded before the call and one after, and the elapsed time
+between them includes the CPU's launch overhead, which is what CUDA graphs remove; the host time until
+the call returned is kept beside it on request. Raw samples are returned; summaries are the report's
+job.
 
 Invariant: a mode whose call raises stops being timed; its error is returned, the others go on.
 """
@@ -13,22 +16,30 @@ Invariant: a mode whose call raises stops being timed; its error is returned, th
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
-def interleaved_order(names: Sequence[str], rounds: int) -> list[list[str]]:
-    """``rounds`` orders of ``names``, each rotated one step further than the previous one."""
-    n = len(names)
-    return [[names[(r + i) % n] for i in range(n)] for r in range(rounds)] if n else []
+def interleaved_order(names: Sequence[str], rounds: int, seed: int = 0) -> list[list[str]]:
+    """``rounds`` orders of ``names``: a random permutation per round, the same for the same seed."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(rounds if names else 0):
+        order = list(names)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
 
 
 def time_interleaved(
-    calls: dict[str, Callable[[], Any]], samples: int
+    calls: dict[str, Callable[[], Any]], samples: int, host_ms: dict[str, list[float]] | None = None
 ) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """``samples`` CUDA-event timings (ms) of every call, interleaved; plus errors by name."""
+    """``samples`` CUDA-event timings (ms) of every call, interleaved; plus errors by name. With
+    ``host_ms`` given, it receives per name the host milliseconds each timed call took to return."""
     import torch
 
     results: dict[str, list[float]] = {name: [] for name in calls}
@@ -41,7 +52,9 @@ def time_interleaved(
             torch.cuda.synchronize()
             try:
                 start.record()
+                began = time.perf_counter()
                 calls[name]()
+                returned = time.perf_counter()
                 end.record()
                 end.synchronize()
             except Exception as exc:  # recorded, and the remaining modes keep their rounds
@@ -49,6 +62,8 @@ def time_interleaved(
                 logger.warning("timing %s failed: %s", name, errors[name])
                 continue
             results[name].append(float(start.elapsed_time(end)))
+            if host_ms is not None:
+                host_ms.setdefault(name, []).append((returned - began) * 1e3)
     return results, errors
 
 
@@ -72,8 +87,6 @@ def host_ms_per_call(fn: Callable[[], Any], calls: int = 6, repeats: int = 5, ho
     queued first), so the figure is the CPU's launch cost alone, never time spent waiting for the GPU.
     ``calls`` stays small: a call that must wait for its own earlier work (a ring of pinned buffers, a
     synchronising read) would otherwise wait for the sleep."""
-    import time
-
     import torch
 
     cycles = int(hold_ms * 2e6)  # at least hold_ms on any clock up to 2 GHz

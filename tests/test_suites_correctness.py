@@ -259,9 +259,10 @@ def test_performance_flow_with_a_stand_in_gpu(
                       memcpy_count=0, memcpy_bytes=0, memset_count=0)  # fmt: skip
     monkeypatch.setattr(performance, "profile_call", lambda call: (call(), facts)[1])
 
-    def fake_timing(calls: dict[str, Callable[[], Any]], samples: int) -> Any:
-        for call in calls.values():
+    def fake_timing(calls: dict[str, Callable[[], Any]], samples: int, host: dict[str, list[float]]) -> Any:
+        for name, call in calls.items():
             call()
+            host[name] = [0.25, 0.5, 0.75]
         return {name: [1.0 + i for i in range(samples)] for name in calls}, {"inductor": "RuntimeError: boom"}
 
     monkeypatch.setattr(performance, "time_interleaved", fake_timing)
@@ -276,6 +277,7 @@ def test_performance_flow_with_a_stand_in_gpu(
     assert eager.status is PerformanceStatus.OK and eager.median_ms == 3.0 and len(eager.samples_ms) == 5
     assert (eager.floor_ms, eager.kernel_launches, eager.kernels_in_graphs) == (0.25, 2, 5)
     assert eager.copy_bytes_per_replay is None and eager.details["device_name"] == "stand-in GPU"
+    assert eager.details["host_ms_median"] == 0.5
     assert (
         records["inductor"].status is PerformanceStatus.FAIL_TO_RUN and "boom" in records["inductor"].reason
     )

@@ -74,11 +74,17 @@ def test_steady_figures_are_per_call() -> None:
         steady_from_trace(trace, 0)
 
 
-def test_interleaved_order_rotates() -> None:
-    orders = interleaved_order(["a", "b", "c"], 4)
-    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
-    for position in range(3):  # every name in every position equally often over a full cycle
-        assert sorted(o[position] for o in orders[:3]) == ["a", "b", "c"]
+def test_interleaved_order_varies_positions_and_predecessors() -> None:
+    names = ["a", "b", "c", "d"]
+    orders = interleaved_order(names, 200)
+    assert len(orders) == 200 and all(sorted(o) == names for o in orders)
+    assert interleaved_order(names, 200) == orders  # seeded: the same plan every run
+    assert interleaved_order(names, 200, seed=1) != orders
+    for position in range(4):  # every name in every position, about equally often
+        counts = {n: sum(o[position] == n for o in orders) for n in names}
+        assert min(counts.values()) >= 30, counts
+    before_a = {o[o.index("a") - 1] for o in orders if o.index("a") > 0}
+    assert before_a == {"b", "c", "d"}  # no fixed predecessor
     assert interleaved_order([], 3) == []
 
 
