@@ -3,7 +3,8 @@
 Steps: compile and warm up every mode first (shared with the correctness suite through
 suites.harness), then profile one call per mode (launch facts, GPU-busy floor), then time all modes in
 interleaved rounds with CUDA events (suites.timing), keeping the median host time a call took to
-return (``details.host_ms_median``: the launch cost the CPU paid before the GPU could finish). Bytes copied per replay: for PyTorch2-CG modes the
+return (``details.host_ms_median``: the launch cost the CPU paid before the GPU could finish). Bytes
+copied per replay: for PyTorch2-CG modes the
 device bytes of the non-static (user) inputs when the call replayed a graph (cudagraph trees copy each
 into its static placeholder), for grace modes the ``copy_bytes_per_replay`` grace.stats reports for the
 mode's own graphs; modes that replay no graph have none. Speedups are not computed here: the report
