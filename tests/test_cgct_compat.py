@@ -102,3 +102,31 @@ def test_hoist_step_copies() -> None:
         [x], {torch.device("cpu"): torch.device("cpu")}
     )
     assert copied is not x and torch.equal(copied, x)
+
+
+def test_several_hoists_share_one_copy_and_keep_values_shapes_and_strides() -> None:
+    cpu = torch.device("cpu")
+    scales = [torch.tensor(0.5 + i / 16) for i in range(3)]
+    table = torch.arange(6.0).reshape(2, 3)
+    steps = [HoistStep(index=i, device=cpu) for i in (0, 2, 3, 4)]
+    adapter = InputAdapter(steps)
+    (batch,) = [s for s in adapter._plan if not isinstance(s, HoistStep)]
+    marker = object()
+    inputs = [scales[0], marker, scales[1], table, scales[2]]
+    for _ in range(3):  # the staging ring is reused across calls
+        out = adapter(inputs)
+        assert out[1] is marker and inputs[0] is scales[0]  # the caller's list and tensors untouched
+        for got, want in zip([out[0], out[2], out[3], out[4]], [*scales[:2], table, scales[2]], strict=True):
+            assert got is not want and torch.equal(got, want)
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+            assert got.data_ptr() % 16 == 0
+        assert len({t.untyped_storage().data_ptr() for t in (out[0], out[2], out[3], out[4])}) == 1
+    assert (batch.batched_calls, batch.fallback_calls) == (3, 0)
+    mixed = adapter([scales[0], marker, torch.tensor(3), table, scales[2]])  # int64 among float32
+    assert mixed[2].dtype == torch.int64 and torch.equal(mixed[3], table)
+    assert batch.fallback_calls == 1
+
+
+def test_one_hoist_stays_a_plain_step() -> None:
+    adapter = InputAdapter([HoistStep(index=0, device=torch.device("cpu"))])
+    assert [type(s) for s in adapter._plan] == [HoistStep]

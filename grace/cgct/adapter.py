@@ -15,18 +15,30 @@ compiled graph, outside any CUDA graph:
   also replaces that input by the mirror; without, the mirror is a graph attribute.
 ``apply`` takes a device map so the steps can be checked on a CPU-only machine (grace.cgct.verify).
 
+On real calls, two or more ``HoistStep`` to one device run as one ``HoistBatch``: the CPU tensors'
+bytes are packed into one staging buffer (pinned, from a ``grace.staging.StagingRing``), copied to the
+device in one asynchronous copy, and the inputs become views of that device buffer, each at a 16-byte
+aligned offset (the alignment Inductor's kernels are specialised for). One copy instead of one per
+tensor is what keeps a model with several CPU scalars cheap to launch. Tensors the batch cannot pack
+as plain bytes (not a dense CPU tensor, autograd history, mixed dtypes, fake tensors during compile)
+take the per-step path for that call.
+
 Invariants: steps never modify the caller's tensors; the returned list has one entry per placeholder
-of the transformed graph, in order.
+of the transformed graph, in order; a batched call yields, per input, the same values, dtype, shape and
+strides as the per-step copies.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from grace.staging import StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +113,74 @@ class MirrorStep:
 
 Step = HoistStep | MirrorStep
 
+_ALIGN_BYTES = 16
+
+
+class HoistBatch:
+    """Several ``HoistStep`` to one device, applied with one host-to-device copy (see the module doc)."""
+
+    def __init__(self, steps: Sequence[HoistStep]) -> None:
+        self.steps = list(steps)
+        self.indices = [s.index for s in self.steps]
+        self.device = self.steps[0].device
+        self._ring: StagingRing | None = None
+        self._pinned = self.device.type == "cuda"
+        self.batched_calls = 0
+        self.fallback_calls = 0
+
+    def _packable(self, tensors: list[Any]) -> torch.dtype | None:
+        dtype = None
+        for t in tensors:
+            if type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad:
+                return None
+            if not t.is_contiguous() or (dtype is not None and t.dtype != dtype):
+                return None
+            dtype = t.dtype
+        return dtype
+
+    def apply(self, inputs: list[Any]) -> None:
+        tensors = [inputs[i] for i in self.indices]
+        dtype = self._packable(tensors)
+        if dtype is None:
+            self.fallback_calls += 1
+            for step in self.steps:
+                step.apply(inputs)
+            return
+        itemsize = dtype.itemsize
+        unit = max(1, _ALIGN_BYTES // itemsize)
+        offsets, total = [], 0
+        for t in tensors:
+            offsets.append(total)
+            total += -(-max(t.numel(), 1) // unit) * unit
+        if self._ring is None or self._ring.dtype != dtype:
+            self._ring = StagingRing(dtype, pinned=self._pinned)
+        host = self._ring.acquire(total)
+        base = host.data_ptr()
+        for t, offset in zip(tensors, offsets, strict=True):
+            ctypes.memmove(base + offset * itemsize, t.data_ptr(), t.numel() * itemsize)
+        device_buffer = torch.empty(total, dtype=dtype, device=self.device)
+        device_buffer.copy_(host[:total], non_blocking=True)
+        self._ring.issued()
+        for i, t, offset in zip(self.indices, tensors, offsets, strict=True):
+            inputs[i] = device_buffer.as_strided(t.shape, t.stride(), offset)
+        self.batched_calls += 1
+
 
 @dataclass
 class InputAdapter:
     """Callable applied to the real inputs before each call of the transformed graph."""
 
     steps: list[Step] = field(default_factory=list)
+    _plan: list[Step | HoistBatch] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._plan = batched_plan(self.steps)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        return self.apply(inputs)
+        adapted = list(inputs)
+        for step in self._plan:
+            step.apply(adapted)
+        return adapted
 
     def apply(self, inputs: Sequence[Any], device_map: DeviceMap | None = None) -> list[Any]:
         adapted = list(inputs)
@@ -119,3 +190,22 @@ class InputAdapter:
 
     def describe(self) -> list[str]:
         return [step.describe() for step in self.steps]
+
+
+def batched_plan(steps: Sequence[Step]) -> list[Step | HoistBatch]:
+    """The steps in order, with the hoists to each device gathered into one ``HoistBatch`` (placed
+    where the first of them was) when there are two or more of them."""
+    by_device: dict[torch.device, list[HoistStep]] = {}
+    for step in steps:
+        if isinstance(step, HoistStep):
+            by_device.setdefault(step.device, []).append(step)
+    plan: list[Step | HoistBatch] = []
+    placed: set[torch.device] = set()
+    for step in steps:
+        if isinstance(step, HoistStep) and len(by_device[step.device]) > 1:
+            if step.device not in placed:
+                plan.append(HoistBatch(by_device[step.device]))
+                placed.add(step.device)
+            continue
+        plan.append(step)
+    return plan

@@ -6,11 +6,10 @@ still queued on the stream, and with as few bytes and API calls as possible.
 
 Design: the table is one int64 device tensor; slot ``k`` lives at ``address(k)`` (8-byte aligned, the
 alignment the rewritten parameter declarations claim; the tensor itself is 256-byte aligned). A write
-packs the slot values into one of a ring of pinned host buffers and issues one asynchronous
-host-to-device copy on the current stream, ordered before the replay that follows. The ring entry's
-event is recorded after the copy; an entry is reused only once its event has completed, so a queued
-copy never reads a buffer being rewritten. A write with the same values as the previous one issues
-nothing: the device already holds them.
+packs the slot values into a pinned host buffer of a ``grace.staging.StagingRing`` (reused only once
+the copies that read it have completed) and issues one asynchronous host-to-device copy on the current
+stream, ordered before the replay that follows. A write with the same values as the previous one
+issues nothing: the device already holds them.
 
 Invariant: bytes copied per replay are ``8 * slots`` at most (``bytes_per_copy``), zero when unchanged.
 """
@@ -23,19 +22,18 @@ from collections.abc import Sequence
 from typing import Any
 
 SLOT_BYTES = 8
-RING = 8
 
 
 class PointerTable:
     def __init__(self, slots: int, device: Any) -> None:
         import torch
 
+        from grace.staging import StagingRing
+
         self.slots = slots
         self.device_table = torch.empty(max(slots, 1), dtype=torch.int64, device=device)
-        self._ring: list[Any] = []  # pinned buffers and events are made on the first write, never
-        self._events: list[Any] = []  # during a capture (torch without keep_graph prepares PI inside one)
-        self._recorded = [False] * RING
-        self._next = 0
+        self._device_slots = self.device_table[:slots]
+        self._ring = StagingRing(torch.int64, pinned=True)
         self._last: tuple[int, ...] | None = None
         self._format = struct.Struct(f"<{slots}Q")
         self.copies = 0
@@ -58,23 +56,11 @@ class PointerTable:
         if current == self._last:
             self.skipped += 1
             return False
-        if not self._ring:
-            import torch
-
-            self._ring = [
-                torch.empty(max(self.slots, 1), dtype=torch.int64, pin_memory=True) for _ in range(RING)
-            ]
-            self._events = [torch.cuda.Event() for _ in range(RING)]
-        k = self._next
-        self._next = (k + 1) % RING
-        if self._recorded[k]:
-            self._events[k].synchronize()
-        host = self._ring[k]
+        host = self._ring.acquire(self.slots)
         packed = self._format.pack(*current)
         ctypes.memmove(host.data_ptr(), packed, len(packed))
-        self.device_table[: self.slots].copy_(host[: self.slots], non_blocking=True)
-        self._events[k].record()
-        self._recorded[k] = True
+        self._device_slots.copy_(host[: self.slots], non_blocking=True)
+        self._ring.issued()
         self._last = current
         self.copies += 1
         return True
