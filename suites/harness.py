@@ -10,7 +10,9 @@ Invariants:
 - Each compiled mode gets its own deep copy of the model and its own inputs, so a mode that rewrites
   the module (CGCT moves CPU attributes) or writes its inputs cannot leak into another mode.
 - ``compile_s`` is the wall time of the first call (Dynamo + backend compile + one run);
-  ``peak_mem_bytes`` is the peak allocated during compile and warm-up above what was allocated before.
+  ``peak_mem_bytes`` is the peak allocated during compile and warm-up above what was allocated before;
+  ``resident_mem_bytes`` what stays allocated after warm-up (graph pools, static inputs and outputs):
+  the memory a mode holds between calls.
 - Failures are values (``Failure``), never exceptions escaping to pytest: an OOM or crash in one mode
   does not hide the others.
 """
@@ -95,6 +97,7 @@ class CompiledMode:
     inputs: tuple[Any, ...] = ()
     compile_s: float | None = None
     peak_mem_bytes: int | None = None
+    resident_mem_bytes: int | None = None
     failure: Failure | None = None
     grace_keys: frozenset[str] = frozenset()  # grace.stats graphs created by this mode
     compile_facts: dict[str, int] = field(default_factory=dict)  # Dynamo/Inductor counter deltas
@@ -196,6 +199,7 @@ class PreparedWorkload:
             synchronize(self.device)
             if base is not None:
                 entry.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.device) - base)
+                entry.resident_mem_bytes = int(torch.cuda.memory_allocated(self.device) - base)
         except Exception as exc:
             entry.failure = failure_of(exc)
             entry.fn = None

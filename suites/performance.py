@@ -121,6 +121,7 @@ def _record(
         "warmup_calls": PERF_WARMUP_CALLS,
         "device_name": torch.cuda.get_device_name(prepared.device),
         "dtype": str(prepared.dtype).removeprefix("torch."),
+        "resident_mem_bytes": entry.resident_mem_bytes,
         **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
     }
     copy_bytes: int | None = None

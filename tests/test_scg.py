@@ -112,6 +112,22 @@ def test_choose_takes_smallest_median_and_breaks_ties_by_order() -> None:
     assert scg.medians({Variant.NO_GRAPH: [3.0, 1.0, 2.0]}) == {Variant.NO_GRAPH: 2.0}
 
 
+def test_outputs_match_compares_large_tensors_chunk_by_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scg, "COMPARE_CHUNK", 7)  # 50 elements: 8 chunks, the last one short
+    a = torch.linspace(-1, 1, 50).reshape(5, 10)
+    assert scg.outputs_match(a, a.clone()) is None
+    assert scg.outputs_match(a, a + 1e-7) is None
+    b = a.clone()
+    b[4, 9] += 0.5  # only in the short last chunk
+    assert "max abs difference 0.5" in str(scg.outputs_match(a, b))
+    c = a.t().contiguous().t()  # same values, other strides
+    assert scg.outputs_match(a, c) is None
+    nan = a.clone()
+    nan[2, 3] = float("nan")
+    assert scg.outputs_match(nan, nan.clone()) is None
+    assert "inf" in str(scg.outputs_match(nan, a))
+
+
 def test_outputs_match() -> None:
     a = torch.randn(4, 4)
     assert scg.outputs_match([a, 3], [a.clone(), 3]) is None
