@@ -89,6 +89,11 @@ _COMPLETE_EXIT = {
 }
 
 
+
+def recorded_command(argv: list[str]) -> str:
+    """The run's command as stored: the store URL hidden, machine paths replaced (matrix.redact)."""
+    return redact(command_line(argv)) or ""
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("grace-matrix", "recording into the grace-matrix results store")
     group.addoption(
@@ -149,7 +154,7 @@ class Recorder:
         label = config.getoption("grace_matrix_label") or os.environ.get(ENV_LABEL)
         Session = open_store(url)
         env = probe_environment(cell_id, kind)
-        command = command_line(["pytest", *config.invocation_params.args])
+        command = recorded_command(["pytest", *config.invocation_params.args])
         with Session.begin() as session:
             reap_stale_runs(session)
             cell = get_or_create_cell(session, env)

@@ -4,11 +4,10 @@ Steps: compile and warm up every mode first (shared with the correctness suite t
 suites.harness), then profile one call per mode (launch facts, GPU-busy floor), then time all modes in
 interleaved rounds with CUDA events (suites.timing), keeping the median host time a call took to
 return (``details.host_ms_median``: the launch cost the CPU paid before the GPU could finish). Bytes
-copied per replay: for PyTorch2-CG modes the
-device bytes of the non-static (user) inputs when the call replayed a graph (cudagraph trees copy each
-into its static placeholder), for grace modes the ``copy_bytes_per_replay`` grace.stats reports for the
-mode's own graphs; modes that replay no graph have none. Speedups are not computed here: the report
-derives them from records of the same run.
+copied per replay: for PyTorch2-CG modes the device bytes of the non-static (user) inputs when the
+call replayed a graph (cudagraph trees copy each into its static placeholder), for grace modes the
+``copy_bytes_per_replay`` grace.stats reports for the mode's own graphs; modes that replay no graph
+have none. Speedups are not computed here: the report derives them from records of the same run.
 
 Invariant: on a machine without CUDA every mode is recorded as ``skip`` with reason "no CUDA device":
 CPU timings of GPU-oriented modes would mean nothing.

@@ -30,3 +30,11 @@ def test_the_checkout_is_a_root_of_this_process() -> None:
     assert (str(REPO_ROOT), "<repo>") in default_roots()
     assert redact(f"{REPO_ROOT}/suites/workloads/speech.py:92") == "<repo>/suites/workloads/speech.py:92"
     assert redact(None) is None and redact("") == ""
+
+
+def test_the_recorded_command_names_no_machine_path() -> None:
+    from matrix.recorder import recorded_command
+
+    out = f"{REPO_ROOT}/.cache/out/run1/junit.xml"
+    command = recorded_command(["pytest", "--junitxml", out, "--grace-matrix-db", "sqlite:////x/s.sqlite"])
+    assert command == "pytest --junitxml <repo>/.cache/out/run1/junit.xml --grace-matrix-db '<store>'"
