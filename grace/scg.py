@@ -5,12 +5,13 @@ replay; for large inputs and few kernels the copy costs more than the launches i
 input, 0.107 ms without a graph, 0.271 ms with one). The paper decides from one timed sample per
 variant, keeps nothing across runs and ignores shapes.
 
-Design: ``time_variants`` runs every candidate on the caller's real inputs, interleaved and rotated,
-with a device synchronisation before each sample so every sample starts from an idle GPU, measures with
-CUDA events and keeps the raw samples; ``choose`` takes the smallest median. ``outputs_match`` is the
-numeric check against the no-graph output. ``DecisionCache`` persists decisions as versioned JSON keyed
-by ``DecisionKey`` (graph hash, input signature, GPU, driver, CUDA runtime, torch, Triton, candidates);
-a new key, or a stored variant that is not a candidate now, means re-deciding.
+Design: ``time_variants`` runs every candidate on the caller's real inputs, interleaved in a seeded
+random order per round (no variant always follows the same other one), with a device synchronisation
+before each sample so every sample starts from an idle GPU, measures with CUDA events and keeps the raw
+samples; ``choose`` takes the smallest median. ``outputs_match`` is the numeric check against the
+no-graph output. ``DecisionCache`` persists decisions as versioned JSON keyed by ``DecisionKey`` (graph
+hash, input signature, GPU, driver, CUDA runtime, torch, Triton, candidates); a new key, or a stored
+variant that is not a candidate now, means re-deciding.
 
 Invariants: a variant that failed its numeric check is never a candidate; a decision file written by
 another format version is neither read nor overwritten.
@@ -110,18 +111,21 @@ def time_variants(
     warmup: int,
     device: Any,
 ) -> dict[Variant, list[float]]:
-    """Milliseconds per run of each variant: interleaved, rotated, CUDA events, GPU idle at each start."""
+    """Milliseconds per run of each variant: interleaved in a seeded random order per round, CUDA
+    events, GPU idle at each start."""
+    import random
+
     import torch
 
     order = list(runs)
+    rng = random.Random(0)
     for variant in order:
         for _ in range(warmup):
             runs[variant]()
     torch.cuda.synchronize(device)
     events: dict[Variant, list[tuple[Any, Any]]] = {v: [] for v in order}
-    for sample in range(samples):
-        shift = sample % len(order)
-        for variant in order[shift:] + order[:shift]:
+    for _ in range(samples):
+        for variant in rng.sample(order, len(order)):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(device)
