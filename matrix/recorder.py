@@ -89,10 +89,10 @@ _COMPLETE_EXIT = {
 }
 
 
-
 def recorded_command(argv: list[str]) -> str:
     """The run's command as stored: the store URL hidden, machine paths replaced (matrix.redact)."""
     return redact(command_line(argv)) or ""
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("grace-matrix", "recording into the grace-matrix results store")
