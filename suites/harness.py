@@ -215,6 +215,10 @@ class PreparedWorkload:
     def _reset_peak(self) -> int | None:
         if self.device.type != "cuda":
             return None
+        # Garbage of earlier modes freed inside this mode's window would lower memory_allocated below
+        # the base: this mode's peak would read too low (down to 0) and its resident memory negative.
+        gc.collect()
+        torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         return int(torch.cuda.memory_allocated(self.device))
 
