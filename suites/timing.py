@@ -80,24 +80,3 @@ def mean_back_to_back_ms(fn: Callable[[], Any], iters: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return float(start.elapsed_time(end)) / iters
-
-
-def host_ms_per_call(fn: Callable[[], Any], calls: int = 6, repeats: int = 5, hold_ms: float = 50.0) -> float:
-    """Median host milliseconds one call takes to return while the GPU is held busy (a sleep kernel
-    queued first), so the figure is the CPU's launch cost alone, never time spent waiting for the GPU.
-    ``calls`` stays small: a call that must wait for its own earlier work (a ring of pinned buffers, a
-    synchronising read) would otherwise wait for the sleep."""
-    import torch
-
-    cycles = int(hold_ms * 2e6)  # at least hold_ms on any clock up to 2 GHz
-    per_call: list[float] = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(cycles)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - start) * 1e3 / calls)
-        torch.cuda.synchronize()
-    per_call.sort()
-    return per_call[len(per_call) // 2]

@@ -11,8 +11,7 @@ each one, so a lease that ends early still returns everything measured so far:
    events; inputs alternate between two sets at different addresses (so PI writes its table and pt2cg
    copies every call). Floors: the device-busy time of one isolated inductor call (profiler), and the
    busy time per call of 20 back-to-back inductor calls (``suites.launches.profile_steady``), the floor
-   a back-to-back figure is judged by. Per mode also: the steady-state busy, copy and idle time per call,
-   and the host time a call takes to return while the GPU is held busy (``suites.timing``).
+   a back-to-back figure is judged by. Per mode also: the steady-state busy, copy and idle time per call.
 
 Run from the repository root on a CUDA machine: ``python scripts/gpu/pi_gpu_check.py --out DIR``.
 """
@@ -36,7 +35,7 @@ import grace
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
 from suites.launches import profile_steady
-from suites.timing import host_ms_per_call, mean_back_to_back_ms
+from suites.timing import mean_back_to_back_ms
 
 NUMERIC_WORKLOADS = (
     "elementwise_64x1m",
@@ -199,7 +198,6 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
                 raw[mode].append(mean_back_to_back_ms(calls[mode], iters))
         floor = floor_ms(calls["inductor"])
         steady = {m: profile_steady(call, 20).to_dict() for m, call in calls.items()}
-        host = {m: host_ms_per_call(call) for m, call in calls.items()}
     med = {m: statistics.median(v) for m, v in raw.items()}
     steady_floor = steady["inductor"]["busy_ms"]
     records = [r for r in grace.stats.snapshot() if r.get("graph_hash")]
@@ -213,7 +211,6 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
         "steady_floor_ms": steady_floor,
         "grace_pi_over_steady_floor": (med["grace_pi"] / steady_floor) if steady_floor else None,
         "steady": steady,
-        "host_ms_per_call": host,
         "variants": [(r["signature"], r["variant"], r["pi_bytes_per_replay"]) for r in records],
     }
     return out
@@ -269,8 +266,7 @@ def main() -> int:
                     f"timing {name}: "
                     + ", ".join(f"{m} {v:.4f}" for m, v in value["median_ms"].items())
                     + f" ms; floor {value['floor_ms']} (steady {value['steady_floor_ms']:.4f});"
-                    + f" pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x; host ms/call "
-                    + ", ".join(f"{m} {v:.4f}" for m, v in value["host_ms_per_call"].items()),
+                    + f" pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x",
                     flush=True,
                 )
         except Exception as exc:
