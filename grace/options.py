@@ -50,7 +50,9 @@ class GraceOptions:
         check_numerics: compare each graph variant's outputs with the no-graph outputs once, before
             keeping it. Turning this off is unsafe and only meant for debugging.
         max_recaptures: times a graph is re-captured because a static input (parameter, buffer)
-            moved to a new address before giving up on graphs for that signature.
+            moved to a new address before giving up on graphs for that signature. The graphs of
+            earlier addresses are kept and used again when those addresses come back (one callable
+            serving several layers), so this also bounds the graphs one signature holds (1 + this).
     """
 
     cuda_graphs: bool = True

@@ -16,9 +16,17 @@ failure turns the slot into a no-graph slot with the reason recorded in its ``Gr
 dynamic inputs sit at new addresses are compared with the no-graph callable once per graph; a mismatch
 returns the no-graph output and falls back with ``numeric_mismatch``.
 
+Static inputs that move: when a replay finds the static inputs (parameters, buffers) at other
+addresses, the slot keeps its graph aside and re-captures for the new addresses; when a later call
+brings back a set of addresses a kept graph was captured for, that graph is used again without a
+capture. This serves one compiled callable shared by several modules of one class (a layer body that
+Dynamo compiled once after a graph break, called for every layer with that layer's parameters), as
+cudagraph trees re-record. Captures are bounded by ``max_recaptures``; past it the slot runs without a
+graph and every graph it kept is released.
+
 Invariants:
 - a slot's graph is used only for inputs with its signature and while its static inputs have the
-  addresses they had at capture (checked on every replay; a move re-captures, bounded);
+  addresses they had at capture (checked on every replay; a kept graph only when all of them match);
 - on a deciding call of a callable that mutates its inputs, mutated inputs are restored before each
   extra run, so the call applies its side effects exactly once;
 - the runner returns exactly the structure the compiled callable returns.
@@ -89,6 +97,16 @@ def _versions_of(args: Sequence[Any]) -> list[int | None]:
     return out
 
 
+@dataclass
+class _KeptGraph:
+    """A captured graph set aside while the static inputs sit elsewhere, with its run state."""
+
+    graph: CapturedGraph
+    run: Callable[[Sequence[Any]], Any]
+    verify_calls: int
+    verify_ptrs: list[int | None] | None
+
+
 class GraphSlot:
     """One input signature of one callable: its state, its graph and its stats record."""
 
@@ -108,6 +126,8 @@ class GraphSlot:
         # dynamic input addresses of the decision (the first call elsewhere is compared too).
         self.verify_calls = 0
         self.verify_ptrs: list[int | None] | None = None
+        # Graphs captured for other static-input addresses (oldest first), bounded by max_recaptures.
+        self.kept: list[_KeptGraph] = []
 
     # --- steady states ---------------------------------------------------------------------
 
@@ -226,6 +246,21 @@ class GraphSlot:
         if self.graph is not None:
             self.graph.release()
             self.graph = None
+        for kept in self.kept:
+            kept.graph.release()
+        self.kept = []
+
+    def _keep_current(self) -> None:
+        if self.graph is not None:
+            self.kept.append(_KeptGraph(self.graph, self.run, self.verify_calls, self.verify_ptrs))
+            self.graph = None
+
+    def _kept_for(self, args: Sequence[Any]) -> _KeptGraph | None:
+        for i in range(len(self.kept) - 1, -1, -1):
+            graph = self.kept[i].graph
+            if torch_compat.data_ptrs_equal(args, graph.static_ptrs, graph.static_indices):
+                return self.kept.pop(i)
+        return None
 
     def release(self) -> None:
         self.release_graph()
@@ -244,6 +279,12 @@ class GraphSlot:
         return self._run_no_graph(args)
 
     def _static_moved(self, args: Sequence[Any]) -> Any:
+        kept = self._kept_for(args)
+        if kept is not None:  # a graph captured for these very addresses: use it again
+            self._keep_current()
+            self.graph, self.run = kept.graph, kept.run
+            self.verify_calls, self.verify_ptrs = kept.verify_calls, kept.verify_ptrs
+            return self.run(args)
         self.record.recaptures += 1
         if self.record.recaptures > self.runner.options.max_recaptures:
             self.set_no_graph(
@@ -259,7 +300,7 @@ class GraphSlot:
                 f"re-captured after a parameter moved ({self._moved_static_text(args)})",
             )
         )
-        self.release_graph()
+        self._keep_current()
         return self._decide(args)
 
     def _moved_static_text(self, args: Sequence[Any]) -> str:

@@ -98,3 +98,58 @@ def test_skip_mode_runs_the_compiled_callable_and_records_the_reason() -> None:
     assert record["variant"] == "no_graph" and record["calls"] == 1
     assert record["skip_reasons"][0]["code"] == "cpu_input"
     assert not runner.slots
+
+
+class _FakeGraph:
+    """What the runner needs of a CapturedGraph: static addresses, a replay, a release."""
+
+    def __init__(self, args: Sequence[Any], static_indices: tuple[int, ...], log: list[str]) -> None:
+        self.static_indices = static_indices
+        self.static_ptrs = [a.data_ptr() if i in static_indices else None for i, a in enumerate(args)]
+        self.name = f"g{sum(1 for e in log if e.startswith('capture'))}"
+        self.log = log
+        log.append(f"capture {self.name}")
+
+    def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
+        return all(args[i].data_ptr() == self.static_ptrs[i] for i in self.static_indices)
+
+    def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
+        self.log.append(f"replay {self.name}")
+        return [args[1] * args[0] * args[2]]
+
+    def release(self) -> None:
+        self.log.append(f"release {self.name}")
+
+
+def test_graphs_of_earlier_static_addresses_are_used_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[str] = []
+
+    def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
+        slot.graph = _FakeGraph(args, slot.runner.plan.static_indices, log)  # type: ignore[assignment]
+        slot.record.variant = Variant.GRAPH_COPIES
+        slot.run = slot._run_copies
+        return slot.run(args)
+
+    monkeypatch.setattr(grace.decide, "decide", capturing_decide)
+    runner = _runner()
+    layers = [torch.full((), float(k + 1)) for k in range(5)]  # one callable, several layers' weights
+    x = torch.ones(2, 3)
+    for w in (layers[0], layers[0], layers[1], layers[0], layers[1], layers[2], layers[3]):
+        (out,) = runner(w, x, 2)
+        torch.testing.assert_close(out, x * w * 2)
+    # one capture per address set; coming back to layer 0 or 1 replays its graph without a capture
+    assert [e for e in log if e.startswith("capture")] == [
+        "capture g0",
+        "capture g1",
+        "capture g2",
+        "capture g3",
+    ]
+    assert log[-1] == "replay g3" and "release g0" not in log
+    (record,) = [r for r in stats.snapshot() if r["callable_id"] == runner.callable_id]
+    assert record["recaptures"] == 3 and record["variant"] == "graph_copies"
+    (out,) = runner(layers[4], x, 2)  # a fourth re-capture is past max_recaptures (3): no graph at all
+    torch.testing.assert_close(out, x * layers[4] * 2)
+    assert sorted(e for e in log if e.startswith("release")) == [f"release g{k}" for k in range(4)]
+    (record,) = [r for r in stats.snapshot() if r["callable_id"] == runner.callable_id]
+    assert record["variant"] == "no_graph"
+    assert "too_many_recaptures" in {s["code"] for s in record["skip_reasons"]}
