@@ -79,3 +79,26 @@ def test_describe_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(triton_path.BuildError) as info:
         triton_path.build(triton_path.describe(Located(ptx=None), {}), [0], 90)
     assert info.value.stage == "rewrite"
+
+
+def test_built_kernels_are_loaded_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded module belongs to one device's context: the same rewrite on another device loads again."""
+    from grace.compat import triton as triton_compat
+    from grace.pi import driver
+
+    _scratch(monkeypatch, ("global_scratch", "profile_scratch"))
+    text = (RESOURCES / "triton-3.9_inductor_add_mul_relu.before.ptx").read_text()
+    kernel = triton_path.describe(Located(ptx=text), {})
+    loads: list[str] = []
+    monkeypatch.setattr(triton_compat, "assemble", lambda ptx, **_: b"cubin")
+    monkeypatch.setattr(triton_compat, "ptxas_for", lambda capability: type("P", (), {"release": "12.8"})())
+    monkeypatch.setattr(
+        driver,
+        "load_kernel",
+        lambda image, name, shared=0: loads.append(name) or driver.LoadedKernel(1, len(loads)),
+    )
+    monkeypatch.setattr(triton_path, "_built", {})
+    on_0 = triton_path.build(kernel, [0], 90, device_index=0)
+    assert triton_path.build(kernel, [0], 90, device_index=0) is on_0
+    on_1 = triton_path.build(kernel, [0], 90, device_index=1)
+    assert on_1 is not on_0 and on_1.function != on_0.function and len(loads) == 2

@@ -204,6 +204,7 @@ def prepare(ctx: Any) -> Any:
     device = ctx.device
     major, minor = torch.cuda.get_device_capability(device)
     capability = 10 * major + minor
+    device_index = device.index if device.index is not None else torch.cuda.current_device()
 
     # Scan every node for uses of the placeholders.
     ranges = _input_ranges(placeholders)
@@ -259,7 +260,8 @@ def prepare(ctx: Any) -> Any:
         tk = located[node_by_id[node].function]
         indices = sorted({u.param_index for u in node_uses if u.param_index is not None})
         try:
-            built[node] = triton_path.build(tk, indices, capability)
+            with torch.cuda.device(device_index):  # modules load into this device's context
+                built[node] = triton_path.build(tk, indices, capability, device_index)
         except triton_path.BuildError as exc:
             failures[exc.stage].append(f"{tk.name}: {exc}")
             for u in node_uses:
@@ -341,7 +343,8 @@ def prepare(ctx: Any) -> Any:
         from grace.pi import vendor
 
         try:
-            setup = vendor.install(ctx.graph_handle, vendor_slots, table.address(0), device, capability)
+            with torch.cuda.device(device_index):
+                setup = vendor.install(ctx.graph_handle, vendor_slots, table.address(0), device, capability)
             keep.append(setup)
             patched_nodes = len({n for n, _, _ in vendor_slots})
             stages.add(

@@ -121,7 +121,7 @@ class BuiltKernel:
     ptxas: str
 
 
-_built: dict[tuple[int, str], BuiltKernel] = {}
+_built: dict[tuple[int, int, str], BuiltKernel] = {}  # (device index, capability, PTX hash)
 _built_lock = threading.Lock()
 
 
@@ -133,8 +133,12 @@ class BuildError(RuntimeError):
         self.stage = stage
 
 
-def build(kernel: TritonKernel, indices: Sequence[int], capability: int) -> BuiltKernel:
-    """The rewritten, assembled and loaded variant of ``kernel`` for parameters ``indices``."""
+def build(
+    kernel: TritonKernel, indices: Sequence[int], capability: int, device_index: int = 0
+) -> BuiltKernel:
+    """The rewritten, assembled and loaded variant of ``kernel`` for parameters ``indices``, loaded into
+    the current context, which must be device ``device_index``'s: a loaded module belongs to one
+    context, so the cache holds one per device."""
     from grace.compat import triton as triton_compat
     from grace.pi import driver
 
@@ -144,7 +148,7 @@ def build(kernel: TritonKernel, indices: Sequence[int], capability: int) -> Buil
         result = ptx_rewrite.rewrite_pointer_params(kernel.ptx, kernel.param_map, indices)
     except ptx_rewrite.PtxRefused as exc:
         raise BuildError("rewrite", str(exc)) from exc
-    key = (capability, hashlib.sha256(result.ptx.encode()).hexdigest())
+    key = (device_index, capability, hashlib.sha256(result.ptx.encode()).hexdigest())
     with _built_lock:
         cached = _built.get(key)
         if cached is not None:

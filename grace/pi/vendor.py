@@ -108,7 +108,7 @@ def compile_prelude(capability: int) -> bytes:
     return ptx
 
 
-_prelude_functions: dict[int, int] = {}
+_prelude_functions: dict[tuple[int, int], int] = {}  # (device index, capability) -> CUfunction
 
 
 # Newest PTX ISA each CUDA driver release reads (CUDA's PTX release notes): an NVRTC newer than the
@@ -137,11 +137,13 @@ def _lower_ptx_version(ptx: bytes) -> bytes | None:
     return lowered.encode() if lowered != text else None
 
 
-def prelude_function(capability: int) -> int:
-    """The loaded prelude ``CUfunction`` (compiled and loaded once per process and capability)."""
+def prelude_function(capability: int, device_index: int = 0) -> int:
+    """The loaded prelude ``CUfunction``, compiled and loaded once per process, device and capability
+    (into the current context, which must be device ``device_index``'s)."""
     from grace.pi import driver
 
-    if capability not in _prelude_functions:
+    key = (device_index, capability)
+    if key not in _prelude_functions:
         ptx = compile_prelude(capability)
         try:
             loaded = driver.load_kernel(ptx, PRELUDE_NAME)
@@ -158,8 +160,8 @@ def prelude_function(capability: int) -> int:
                     "vendor_update",
                     f"loading the prelude: {type(exc).__name__}: {exc}; with an older .version: {again}",
                 ) from again
-        _prelude_functions[capability] = loaded.function
-    return _prelude_functions[capability]
+        _prelude_functions[key] = loaded.function
+    return _prelude_functions[key]
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,13 @@ class VendorSetup:
     patches: tuple[VendorPatch, ...]
 
 
+def _device_index(device: Any) -> int:
+    import torch
+
+    index = getattr(device, "index", device if isinstance(device, int) else None)
+    return int(index) if index is not None else int(torch.cuda.current_device())
+
+
 def install(
     graph: int,
     patches: Sequence[tuple[int, int, int]],
@@ -197,7 +206,7 @@ def install(
 
     if not patches:
         raise VendorError("vendor_match", "no vendor node to patch")
-    function = prelude_function(capability)
+    function = prelude_function(capability, _device_index(device))
     handles: dict[int, int] = {}
     try:
         for node, _, _ in patches:
