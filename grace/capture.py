@@ -311,9 +311,10 @@ def capture_graph(
 
     if keep_graph:
         try:
-            if hooks:
-                _run_hooks(hooks, int(graph.raw_cuda_graph()), placeholders, hook_errors)
-            graph.instantiate()
+            with torch.cuda.device(device):  # hooks load modules and instantiate in the graph's context
+                if hooks:
+                    _run_hooks(hooks, int(graph.raw_cuda_graph()), placeholders, hook_errors)
+                graph.instantiate()
         except Exception as exc:
             _discard(graph)
             raise CaptureError(

@@ -4,12 +4,13 @@ Problem: a copy from pageable host memory to the GPU makes the CPU wait; a copy 
 does not, but the pinned buffer must not be rewritten while a copy queued on the stream may still
 read it. Several per-call copies (the PI pointer table, CPU inputs CGCT hoists) need exactly this.
 
-Design: ``StagingRing`` holds ``size`` host buffers (pinned when the copies go to a CUDA device) and
-one CUDA event per buffer. ``acquire`` hands out the next buffer, first waiting for the event recorded
-after the last copy that read it; ``issued`` records that event on the current stream once the caller
-has queued its copy. Buffers and events are made on the first ``acquire``, never at construction (a
-ring may be built during a CUDA graph capture, where pinned allocation and event creation are not
-allowed), and grow when a larger buffer is asked for.
+Design: ``StagingRing`` holds ``size`` host buffers (pinned when the copies go to a CUDA device) and one
+CUDA event per buffer. ``acquire`` hands out the next buffer, first waiting for the event recorded after
+the last copy that read it; ``issued`` records that event on the current stream of the copies' device
+once the caller has queued its copy (not the current device's, which may be another GPU). Buffers and
+events are made on the first ``acquire``, never at construction (a ring may be built during a CUDA graph
+capture, where pinned allocation and event creation are not allowed), and grow when a larger buffer is
+asked for.
 
 Invariant: a buffer returned by ``acquire`` is not read by any copy still queued on the GPU.
 """
@@ -24,9 +25,10 @@ RING = 8
 
 
 class StagingRing:
-    def __init__(self, dtype: torch.dtype, pinned: bool, size: int = RING) -> None:
+    def __init__(self, dtype: torch.dtype, pinned: bool, size: int = RING, device: Any = None) -> None:
         self.dtype = dtype
         self.pinned = pinned
+        self.device = device  # the copies' device: its current stream is the one they are queued on
         self.size = size
         self._buffers: list[torch.Tensor] = []
         self._events: list[Any] = []
@@ -56,10 +58,10 @@ class StagingRing:
         return self._buffers[k]
 
     def issued(self) -> None:
-        """The copy reading the last acquired buffer is queued on the current stream."""
+        """The copy reading the last acquired buffer is queued on the device's current stream."""
         k = self._current
         if self.pinned and k >= 0:
-            self._events[k].record()
+            self._events[k].record(torch.cuda.current_stream(self.device))
             self._recorded[k] = True
 
     def synchronize(self) -> None:

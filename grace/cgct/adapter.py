@@ -153,7 +153,7 @@ class HoistBatch:
             offsets.append(total)
             total += -(-max(t.numel(), 1) // unit) * unit
         if self._ring is None or self._ring.dtype != dtype:
-            self._ring = StagingRing(dtype, pinned=self._pinned)
+            self._ring = StagingRing(dtype, pinned=self._pinned, device=self.device)
         host = self._ring.acquire(total)
         base = host.data_ptr()
         for t, offset in zip(tensors, offsets, strict=True):
