@@ -201,10 +201,11 @@ def prepare(ctx: Any) -> Any:
     if not placeholders:
         return SkipReason(SkipCode.PI_NO_DYNAMIC_INPUTS, "no placeholder was captured")
     capturing = torch_compat.is_current_stream_capturing()
-    device = ctx.device
+    # The capture hook runs under the graph device's guard: modules load into that device's context.
+    device_index = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+    device = torch.device("cuda", device_index)
     major, minor = torch.cuda.get_device_capability(device)
     capability = 10 * major + minor
-    device_index = device.index if device.index is not None else torch.cuda.current_device()
 
     # Scan every node for uses of the placeholders.
     ranges = _input_ranges(placeholders)
@@ -260,8 +261,7 @@ def prepare(ctx: Any) -> Any:
         tk = located[node_by_id[node].function]
         indices = sorted({u.param_index for u in node_uses if u.param_index is not None})
         try:
-            with torch.cuda.device(device_index):  # modules load into this device's context
-                built[node] = triton_path.build(tk, indices, capability, device_index)
+            built[node] = triton_path.build(tk, indices, capability, device_index)
         except triton_path.BuildError as exc:
             failures[exc.stage].append(f"{tk.name}: {exc}")
             for u in node_uses:
@@ -343,8 +343,7 @@ def prepare(ctx: Any) -> Any:
         from grace.pi import vendor
 
         try:
-            with torch.cuda.device(device_index):
-                setup = vendor.install(ctx.graph_handle, vendor_slots, table.address(0), device, capability)
+            setup = vendor.install(ctx.graph_handle, vendor_slots, table.address(0), device, capability)
             keep.append(setup)
             patched_nodes = len({n for n, _, _ in vendor_slots})
             stages.add(

@@ -32,7 +32,10 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -185,28 +188,22 @@ class VendorSetup:
     patches: tuple[VendorPatch, ...]
 
 
-def _device_index(device: Any) -> int:
-    import torch
-
-    index = getattr(device, "index", device if isinstance(device, int) else None)
-    return int(index) if index is not None else int(torch.cuda.current_device())
-
-
 def install(
     graph: int,
     patches: Sequence[tuple[int, int, int]],
     table_address: int,
-    device: Any,
+    device: torch.device,
     capability: int,
 ) -> VendorSetup:
-    """Mark the nodes of ``patches`` (node, byte offset, slot) device-updatable and add the prelude."""
+    """Mark the nodes of ``patches`` (node, byte offset, slot) device-updatable and add the prelude;
+    ``device`` carries its index (the prelude is loaded once per device)."""
     import torch
 
     from grace.pi import driver
 
     if not patches:
         raise VendorError("vendor_match", "no vendor node to patch")
-    function = prelude_function(capability, _device_index(device))
+    function = prelude_function(capability, device.index)
     handles: dict[int, int] = {}
     try:
         for node, _, _ in patches:
