@@ -25,10 +25,10 @@ RING = 8
 
 
 class StagingRing:
-    def __init__(self, dtype: torch.dtype, pinned: bool, size: int = RING, device: Any = None) -> None:
+    def __init__(self, dtype: torch.dtype, device: torch.device, size: int = RING) -> None:
         self.dtype = dtype
-        self.pinned = pinned
         self.device = device  # the copies' device: its current stream is the one they are queued on
+        self.pinned = device.type == "cuda"
         self.size = size
         self._buffers: list[torch.Tensor] = []
         self._events: list[Any] = []

@@ -124,7 +124,6 @@ class HoistBatch:
         self.indices = [s.index for s in self.steps]
         self.device = self.steps[0].device
         self._ring: StagingRing | None = None
-        self._pinned = self.device.type == "cuda"
         self.batched_calls = 0
         self.fallback_calls = 0
 
@@ -153,7 +152,7 @@ class HoistBatch:
             offsets.append(total)
             total += -(-max(t.numel(), 1) // unit) * unit
         if self._ring is None or self._ring.dtype != dtype:
-            self._ring = StagingRing(dtype, pinned=self._pinned, device=self.device)
+            self._ring = StagingRing(dtype, self.device)
         host = self._ring.acquire(total)
         base = host.data_ptr()
         for t, offset in zip(tensors, offsets, strict=True):

@@ -33,7 +33,7 @@ class PointerTable:
         self.slots = slots
         self.device_table = torch.empty(max(slots, 1), dtype=torch.int64, device=device)
         self._device_slots = self.device_table[:slots]
-        self._ring = StagingRing(torch.int64, pinned=True, device=self.device_table.device)
+        self._ring = StagingRing(torch.int64, self.device_table.device)
         self._last: tuple[int, ...] | None = None
         self._format = struct.Struct(f"<{slots}Q")
         self.copies = 0
