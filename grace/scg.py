@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,18 @@ class Decision:
 # --- timing ------------------------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
+def interleaved_order(names: Sequence[T], rounds: int, seed: int = 0) -> list[list[T]]:
+    """``rounds`` orders of ``names``: a random permutation per round, the same for the same seed (so
+    that no name always runs right after the same other one, and a plan can be repeated)."""
+    import random
+
+    rng = random.Random(seed)
+    return [rng.sample(list(names), len(names)) for _ in range(rounds if names else 0)]
+
+
 def time_variants(
     runs: Mapping[Variant, Callable[[], Any]],
     *,
@@ -113,19 +125,16 @@ def time_variants(
 ) -> dict[Variant, list[float]]:
     """Milliseconds per run of each variant: interleaved in a seeded random order per round, CUDA
     events, GPU idle at each start."""
-    import random
-
     import torch
 
     order = list(runs)
-    rng = random.Random(0)
     for variant in order:
         for _ in range(warmup):
             runs[variant]()
     torch.cuda.synchronize(device)
     events: dict[Variant, list[tuple[Any, Any]]] = {v: [] for v in order}
-    for _ in range(samples):
-        for variant in rng.sample(order, len(order)):
+    for round_order in interleaved_order(order, samples):
+        for variant in round_order:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(device)

@@ -16,23 +16,13 @@ Invariant: a mode whose call raises stops being timed; its error is returned, th
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from grace.scg import interleaved_order  # one plan of rounds for SCG's timing and the suites'
+
 logger = logging.getLogger(__name__)
-
-
-def interleaved_order(names: Sequence[str], rounds: int, seed: int = 0) -> list[list[str]]:
-    """``rounds`` orders of ``names``: a random permutation per round, the same for the same seed."""
-    rng = random.Random(seed)
-    orders = []
-    for _ in range(rounds if names else 0):
-        order = list(names)
-        rng.shuffle(order)
-        orders.append(order)
-    return orders
 
 
 def time_interleaved(
