@@ -197,13 +197,15 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
         columns = [model.run_pk, Workload.name, model.mode, model.status]
         if model is PerformanceResult:
             columns.append(PerformanceResult.median_ms)
-        stmt = select(*columns).join(Workload, model.workload_pk == Workload.id)
+        stmt = select(*columns).join(Workload, model.workload_pk == Workload.id).order_by(model.id)
         for row in session.execute(stmt):
             run_pk, status = cast(int, row[0]), cast(str, row[3])
             median = row[4] if len(row) > 4 else None
             rows[run_pk].append([suite, row[1], row[2], status, median])
             total += 1
-    stmt_pi = select(PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status)
+    stmt_pi = select(
+        PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status
+    ).order_by(PIStageResult.id)
     for run_pk, subject, stage, status in session.execute(stmt_pi):
         rows[run_pk].append(["pi", subject, stage, status, None])
         total += 1

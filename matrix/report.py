@@ -147,13 +147,15 @@ def build_report(
         select(CorrectnessResult, Workload)
         .join(Workload, CorrectnessResult.workload_pk == Workload.id)
         .where(CorrectnessResult.run_pk.in_(by_pk))
+        .order_by(CorrectnessResult.id)
     ).all()
     performance = session.execute(
         select(PerformanceResult, Workload)
         .join(Workload, PerformanceResult.workload_pk == Workload.id)
         .where(PerformanceResult.run_pk.in_(by_pk))
+        .order_by(PerformanceResult.id)
     ).all()
-    # (run pk, workload, tier) -> mode -> results; later rows of one key overwrite earlier ones
+    # (run pk, workload, tier) -> mode -> results; later rows (by primary key) of one key overwrite earlier ones
     found: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
     pairs: tuple[tuple[str, Sequence[Any]], ...] = (
         ("correctness", correctness),

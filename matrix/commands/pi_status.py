@@ -104,7 +104,7 @@ def load_rows(
             nodeid=result.nodeid,
             details=dict(result.details or {}),
         )
-        for result, run, cell in session.execute(query).all()
+        for result, run, cell in session.execute(query.order_by(PIStageResult.id)).all()
     ]
     rank = {s: i for i, s in enumerate(STAGE_ORDER)}
     return sorted(rows, key=lambda r: (r.cell, r.subject, rank.get(r.stage, len(rank))))

@@ -7,7 +7,9 @@ Design: column selects (SQLAlchemy Core through the session) into the plain valu
 ``matrix.regressions.observations``. Raw samples are decoded only for the runs being compared; history
 uses the stored median (computed from the samples only for rows that lack one).
 
-Invariant: read-only; callers own the session and its transaction.
+Invariants: read-only; callers own the session and its transaction. Rows are read in the order they
+were recorded (primary key), so when one run holds a key twice the later record wins, whatever order
+the backend would return them in unasked (PostgreSQL and SQLite differ).
 """
 
 from __future__ import annotations
@@ -113,19 +115,24 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
                 select(model.run_pk, Workload.name, model.mode, model.status, model.nodeid, model.reason)
                 .join(Workload, model.workload_pk == Workload.id)
                 .where(model.run_pk.in_(chunk))
+                .order_by(model.id)
             )
             for run_pk, name, mode, status, nodeid, reason in session.execute(stmt):
                 found[run_pk].append(
                     Observation(ResultKey(suite, name, mode), status, nodeid or "", reason or "")
                 )
-        pi = select(
-            PIStageResult.run_pk,
-            PIStageResult.subject,
-            PIStageResult.stage,
-            PIStageResult.status,
-            PIStageResult.nodeid,
-            PIStageResult.message,
-        ).where(PIStageResult.run_pk.in_(chunk))
+        pi = (
+            select(
+                PIStageResult.run_pk,
+                PIStageResult.subject,
+                PIStageResult.stage,
+                PIStageResult.status,
+                PIStageResult.nodeid,
+                PIStageResult.message,
+            )
+            .where(PIStageResult.run_pk.in_(chunk))
+            .order_by(PIStageResult.id)
+        )
         for run_pk, subject, stage, status, nodeid, message in session.execute(pi):
             found[run_pk].append(
                 Observation(ResultKey(Suite.PI, subject, stage), status, nodeid or "", message or "")
@@ -155,6 +162,7 @@ def load_perf_samples(session: Session, run_pks: Collection[int]) -> dict[int, d
             )
             .join(Workload, PerformanceResult.workload_pk == Workload.id)
             .where(PerformanceResult.run_pk.in_(chunk), PerformanceResult.status == ok)
+            .order_by(PerformanceResult.id)
         )
         for run_pk, name, code_hash, mode, samples, median, nodeid in session.execute(stmt):
             values = tuple(float(v) for v in samples or ())
@@ -183,6 +191,7 @@ def load_perf_medians(
         )
         .join(Workload, PerformanceResult.workload_pk == Workload.id)
         .where(PerformanceResult.status == ok)
+        .order_by(PerformanceResult.id)
     )
     groups: Iterable[list[int] | None] = [None] if run_pks is None else _chunks(run_pks)
     lacking: list[int] = []
@@ -227,8 +236,10 @@ def load_outcomes(session: Session, run_pks: Collection[int]) -> dict[int, dict[
     """pytest outcome (passed, failed, skipped, error, crashed) per record key, per run."""
     found: dict[int, dict[str, str]] = defaultdict(dict)
     for chunk in _chunks(run_pks):
-        stmt = select(TestOutcome.run_pk, TestOutcome.record_key, TestOutcome.outcome).where(
-            TestOutcome.run_pk.in_(chunk)
+        stmt = (
+            select(TestOutcome.run_pk, TestOutcome.record_key, TestOutcome.outcome)
+            .where(TestOutcome.run_pk.in_(chunk))
+            .order_by(TestOutcome.id)
         )
         for run_pk, record_key, outcome in session.execute(stmt):
             found[run_pk][record_key] = outcome
@@ -264,16 +275,20 @@ class PIRow:
 def load_pi_rows(session: Session, run_pks: Collection[int]) -> list[PIRow]:
     rows: list[PIRow] = []
     for chunk in _chunks(run_pks):
-        stmt = select(
-            PIStageResult.run_pk,
-            PIStageResult.subject,
-            PIStageResult.stage,
-            PIStageResult.status,
-            PIStageResult.message,
-            PIStageResult.triton_version,
-            PIStageResult.nodeid,
-            PIStageResult.details,
-        ).where(PIStageResult.run_pk.in_(chunk))
+        stmt = (
+            select(
+                PIStageResult.run_pk,
+                PIStageResult.subject,
+                PIStageResult.stage,
+                PIStageResult.status,
+                PIStageResult.message,
+                PIStageResult.triton_version,
+                PIStageResult.nodeid,
+                PIStageResult.details,
+            )
+            .where(PIStageResult.run_pk.in_(chunk))
+            .order_by(PIStageResult.id)
+        )
         for run_pk, subject, stage, status, message, triton, nodeid, details in session.execute(stmt):
             rows.append(
                 PIRow(
