@@ -6,7 +6,9 @@ bounded in number, and for each of them one of three variants runs: no graph, gr
 graph with parameter indirection (PI). Nothing may produce a wrong result: not a new shape, not an
 input at a new address, not a parameter that moved, not a failed capture.
 
-Design: ``GraceRunner`` keys ``GraphSlot`` objects by signature in an LRU ``OrderedDict``. A slot goes
+Design: ``GraceRunner`` keys ``GraphSlot`` objects by signature in an LRU ``OrderedDict``. Building the
+signature costs Python work per input on every call; a call that matches the last call's slot under a
+C++ tensor check (Dynamo's ``TensorGuards``, stricter than the signature) skips it. A slot goes
 through warm-up calls (run without a graph on grace's capture stream; input mutations detected by
 version counters, added to those the FX graph shows), then one deciding call (capture the variants,
 check each against the no-graph output on the caller's inputs, time them unless a persisted decision
@@ -35,12 +37,13 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -319,6 +322,55 @@ class GraphSlot:
             return decide(self, args)
 
 
+def _getter(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """``args -> tuple(args[i] for i in indices)``, in C for two indices or more."""
+    if len(indices) >= 2:
+        return cast(Callable[[Sequence[Any]], tuple[Any, ...]], operator.itemgetter(*indices))
+    if len(indices) == 1:
+        (only,) = indices
+        return lambda args: (args[only],)
+    return lambda args: ()
+
+
+class _RecentSlot:
+    """The slot of the last call, with a check that this call has its signature without rebuilding it.
+
+    The tensor check (``torch_compat.tensor_metadata_check``) is stricter than the signature (it also
+    compares device, dispatch keys and requires_grad), so a match always means the same signature and a
+    mismatch only sends the call down the full path. Scalars are compared with their types, as in the
+    signature."""
+
+    __slots__ = ("_check", "_scalar_values", "_scalars", "_tensors", "slot")
+
+    def __init__(
+        self,
+        slot: GraphSlot,
+        check: Callable[..., bool],
+        tensors: Callable[[Sequence[Any]], tuple[Any, ...]],
+        scalars: Callable[[Sequence[Any]], tuple[Any, ...]],
+        scalar_values: tuple[tuple[type, Any], ...],
+    ) -> None:
+        self.slot = slot
+        self._check = check
+        self._tensors = tensors
+        self._scalars = scalars
+        self._scalar_values = scalar_values
+
+    @classmethod
+    def build(cls, plan: RunnerPlan, args: Sequence[Any], slot: GraphSlot) -> _RecentSlot | None:
+        tensors = _getter(plan.dynamic_indices)
+        check = torch_compat.tensor_metadata_check(tensors(args))
+        if check is None:
+            return None
+        scalars = _getter(plan.scalar_indices)
+        return cls(slot, check, tensors, scalars, tuple((type(v), v) for v in scalars(args)))
+
+    def matches(self, args: Sequence[Any]) -> bool:
+        if self._scalar_values and tuple((type(v), v) for v in self._scalars(args)) != self._scalar_values:
+            return False
+        return bool(self._check(*self._tensors(args)))
+
+
 class GraceRunner:
     """The callable Dynamo gets back for one FX graph."""
 
@@ -340,6 +392,7 @@ class GraceRunner:
         self.lock = threading.RLock()
         self.slots: OrderedDict[Any, GraphSlot] = OrderedDict()
         self._adapter = plan.input_adapter
+        self._recent: _RecentSlot | None = None
         self._skip_record: grace_stats.GraphStats | None = None
         if plan.skip is not None:
             record = grace_stats.new_record(
@@ -367,12 +420,16 @@ class GraceRunner:
         if record is not None:
             record.calls += 1
             return self.compiled(*args)
+        recent = self._recent
+        if recent is not None and recent.matches(args):
+            return recent.slot.run(args)  # the most recently used slot: already last in the LRU order
         key = self.signature(args)
         slot = self.slots.get(key)
         if slot is None:
             slot = self._new_slot(key)
         else:
             self.slots.move_to_end(key)
+        self._recent = _RecentSlot.build(self.plan, args, slot) if self.slots.get(key) is slot else None
         return slot.run(args)
 
     def _new_slot(self, key: tuple[Any, ...]) -> GraphSlot:
@@ -381,6 +438,9 @@ class GraceRunner:
             self.slots[key] = slot
             while len(self.slots) > self.options.max_graphs_per_callable:
                 _, evicted = self.slots.popitem(last=False)
+                recent = self._recent
+                if recent is not None and recent.slot is evicted:
+                    self._recent = None
                 evicted.release()
             return slot
 
@@ -392,6 +452,7 @@ class GraceRunner:
 
     def reset(self) -> None:
         with self.lock:
+            self._recent = None
             for slot in self.slots.values():
                 slot.release()
             self.slots.clear()

@@ -155,7 +155,7 @@ def build_report(
         .where(PerformanceResult.run_pk.in_(by_pk))
         .order_by(PerformanceResult.id)
     ).all()
-    # (run pk, workload, tier) -> mode -> results; later rows (by primary key) of one key overwrite earlier ones
+    # (run pk, workload, tier) -> mode -> results; later rows (by id) of one key overwrite earlier ones
     found: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
     pairs: tuple[tuple[str, Sequence[Any]], ...] = (
         ("correctness", correctness),

@@ -30,7 +30,9 @@ class FakeTensor:
 @pytest.fixture(autouse=True)
 def fake_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        plan_mod, "device_address", lambda v: v.address if isinstance(v, FakeTensor) else None
+        plan_mod,
+        "device_addresses",
+        lambda values: [v.address if isinstance(v, FakeTensor) else None for v in values],
     )
 
 
@@ -81,3 +83,45 @@ def test_stages_and_release() -> None:
     assert plan.stages == [("locate", "pass", "1 kernel")]
     plan.release()
     assert plan.slot_count == 0
+
+
+def _reference(
+    slots: Sequence[Slot], placeholders: dict[int, int], static: set[int], inputs: Sequence[FakeTensor]
+) -> tuple[list[int], tuple[int, ...]]:
+    """The rule of the module docstring, slot by slot: an input is covered this call when it is not
+    statically uncovered and every one of its slots' alignments holds for its address plus offset."""
+    uncovered = set(static)
+    for s in slots:
+        if s.index not in static and (inputs[s.index].address + s.delta) % s.alignment:
+            uncovered.add(s.index)
+    values = [
+        (placeholders[s.index] if s.index in uncovered else inputs[s.index].address) + s.delta for s in slots
+    ]
+    return values, tuple(sorted(uncovered))
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_update_follows_the_slot_rule(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    placeholders = {i: 0x100000 * (i + 1) for i in range(n)}
+    slots = [
+        Slot(i, rng.choice([0, 0, 0, 4, 8, 64, 100]), rng.choice([1, 4, 8, 16, 16, 16]))
+        for i in range(n)
+        for _ in range(rng.choice([0, 1, 1, 1, 2, 3]))
+    ]
+    rng.shuffle(slots)
+    with_slots = {s.index for s in slots}
+    static = {i for i in with_slots if rng.random() < 0.2}
+    table = FakeTable()
+    plan = PiPlan(table, slots, placeholders, tuple(range(n)), dict.fromkeys(static, "static"), StageLog())
+    for _ in range(4):
+        inputs = [
+            FakeTensor(0x10000000 * (i + 1) + rng.choice([0, 0, 0, 4, 8, 16, 32, 36])) for i in range(n)
+        ]
+        assert plan.update(inputs) is True
+        values, uncovered = _reference(slots, placeholders, static, inputs)
+        assert table.writes[-1] == values
+        assert plan.uncovered_indices == uncovered

@@ -153,3 +153,89 @@ def test_graphs_of_earlier_static_addresses_are_used_again(monkeypatch: pytest.M
     (record,) = [r for r in stats.snapshot() if r["callable_id"] == runner.callable_id]
     assert record["variant"] == "no_graph"
     assert "too_many_recaptures" in {s["code"] for s in record["skip_reasons"]}
+
+
+# --- the recent-slot check ---------------------------------------------------------------------------
+
+
+def test_this_torch_has_the_c_tensor_check() -> None:
+    """The fast path is on for the torch the tests run on (it would silently cost the full signature)."""
+    assert grace.compat.torch.has_tensor_metadata_check()
+
+
+def _variants() -> list[tuple[Any, ...]]:
+    w = torch.ones(())
+    base = torch.ones(4, 6)
+    return [
+        (w, base, 3),
+        (w, torch.zeros(4, 6), 3),  # same signature, other values and address
+        (w, torch.ones(8, 6)[::2], 3),  # same shape, other strides
+        (w, torch.ones(6, 4).t(), 3),  # same shape, transposed strides
+        (w, torch.ones(4, 6, dtype=torch.float64), 3),
+        (w, torch.ones(4, 6, 1), 3),
+        (w, torch.ones(24)[:24].view(4, 6), 3),
+        (w, torch.ones(30)[6:].view(4, 6), 3),  # a view with a storage offset: same signature
+        (w, torch.ones(4, 6, requires_grad=True), 3),  # same signature, stricter check differs
+        (w, base, 4),
+        (w, base, 3.0),  # equal value, other type
+        (w, base, True),
+    ]
+
+
+def test_a_recent_slot_match_implies_the_same_signature() -> None:
+    runner = _runner()
+    variants = _variants()
+    signatures = [runner.signature(v) for v in variants]
+    for i, first in enumerate(variants):
+        recent = grace.runner._RecentSlot.build(runner.plan, first, object())  # type: ignore[arg-type]
+        assert recent is not None and recent.matches(first)
+        for j, other in enumerate(variants):
+            if recent.matches(other):
+                assert signatures[j] == signatures[i], (i, j)
+            if signatures[j] != signatures[i]:
+                assert not recent.matches(other), (i, j)
+    # the cases the check must accept, or the fast path would never be taken
+    recent = grace.runner._RecentSlot.build(runner.plan, variants[0], object())  # type: ignore[arg-type]
+    assert recent is not None
+    assert recent.matches(variants[1]) and recent.matches(variants[6]) and recent.matches(variants[7])
+
+
+def test_repeated_signatures_skip_the_python_signature(
+    cpu_runner: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(max_graphs=2)
+    built: list[int] = []
+    full = runner.signature
+
+    def counting(args: Sequence[Any]) -> tuple[Any, ...]:
+        built.append(1)
+        return full(args)
+
+    monkeypatch.setattr(runner, "signature", counting)
+    w = torch.full((), 2.0)
+    for _ in range(5):
+        (out,) = runner(w, torch.ones(2, 4), 3)
+        torch.testing.assert_close(out, torch.full((2, 4), 6.0))
+    assert len(built) == 1
+    (out,) = runner(w, torch.ones(3, 4), 3)  # a new shape goes down the full path to its own slot
+    torch.testing.assert_close(out, torch.full((3, 4), 6.0))
+    (out,) = runner(w, torch.ones(3, 4), 5)  # so does a new scalar
+    torch.testing.assert_close(out, torch.full((3, 4), 10.0))
+    assert len(built) == 3 and len(runner.slots) == 2
+    calls = {r["signature"]: r["calls"] for r in stats.snapshot()}
+    assert calls["float32[2, 4]/[4, 1];int=3"] == 5
+
+
+def test_reset_and_eviction_forget_the_recent_slot(cpu_runner: list[int]) -> None:
+    runner = _runner(max_graphs=1)
+    w = torch.ones(())
+    runner(w, torch.ones(2, 2), 1)
+    first = runner._recent
+    assert first is not None and first.slot in runner.slots.values()
+    runner(w, torch.ones(3, 3), 1)  # evicts the first slot
+    assert runner._recent is not None and runner._recent.slot is not first.slot
+    assert runner._recent.slot in runner.slots.values()
+    runner.reset()
+    assert runner._recent is None and not runner.slots
+    runner(w, torch.ones(3, 3), 1)
+    assert len(runner.slots) == 1

@@ -14,6 +14,9 @@ number, and every helper keeps one signature whatever the release. Facts relied 
   (on the tensor and in the placeholder's ``tensor_dict`` meta); older releases keep parameters as
   ``get_attr`` nodes, so they are no inputs at all.
 - ``torch._dynamo.reset`` calls ``reset()`` on every cached backend that has one.
+- Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``) checks tensor metadata in one call; its
+  constructor takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` from 2.1 on. It is probed, and the
+  runner falls back to its Python signature where the probe fails.
 
 Invariant: nothing here runs CUDA work at import; importing works on CPU-only builds.
 """
@@ -27,7 +30,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -330,6 +333,58 @@ def data_ptrs_equal(tensors: Sequence[Any], data_ptrs: Sequence[int | None], ind
     if fast is not None:
         return bool(fast(list(tensors), list(data_ptrs), list(indices)))
     return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
+
+
+def _tensor_guards_class() -> Any:
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except Exception:  # no Dynamo guards extension in this build
+        return None
+    return TensorGuards
+
+
+def _new_tensor_guards(cls: Any, tensors: Sequence[torch.Tensor]) -> Any:
+    # Every dimension is passed as a fixed int: the check compares all sizes and strides. The keywords are
+    # required (constructing without them crashes the interpreter on 2.13), so they are always given.
+    return cls(
+        *tensors,
+        dynamic_dims_sizes=[[int(n) for n in t.size()] for t in tensors],
+        dynamic_dims_strides=[[int(n) for n in t.stride()] for t in tensors],
+    )
+
+
+@functools.cache
+def has_tensor_metadata_check() -> bool:
+    """Dynamo's C++ ``TensorGuards`` takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` (2.1 and later)
+    and rejects what grace's signatures distinguish: probed on small CPU tensors, never assumed."""
+    cls = _tensor_guards_class()
+    if cls is None:
+        return False
+    try:
+        base = torch.empty(2, 3)
+        check = _new_tensor_guards(cls, [base]).check
+        return (
+            bool(check(torch.empty(2, 3)))
+            and not check(torch.empty(3, 2))
+            and not check(torch.empty(3, 2).t())
+            and not check(torch.empty(2, 3, dtype=torch.float64))
+            and not check(torch.empty(2, 3, 1))
+            and not check(3)
+        )
+    except Exception:
+        return False
+
+
+def tensor_metadata_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | None:
+    """A C++ predicate over as many tensors as ``tensors``: True only when each has the same Python type,
+    dtype, device, dispatch keys, requires_grad, sizes and strides as its counterpart had here; None where
+    this torch has no such check. Stricter than shape, stride and dtype: a False means "look closer"."""
+    if not has_tensor_metadata_check():
+        return None
+    try:
+        return cast(Callable[..., bool], _new_tensor_guards(_tensor_guards_class(), tensors).check)
+    except Exception:
+        return None
 
 
 def foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:

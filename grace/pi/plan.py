@@ -23,12 +23,14 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import struct
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from grace.pi import scan as scan_mod
 from grace.pi.scan import InputRange, Use, UseKind
@@ -72,13 +74,15 @@ class PiPlan:
         self._dynamic = tuple(dynamic_indices)
         self.uncovered_reasons = dict(uncovered)
         self._static_uncovered = frozenset(uncovered)
-        self._uncovered = tuple(sorted(self._static_uncovered))
+        self._static_sorted = tuple(sorted(self._static_uncovered))
+        self._uncovered = self._static_sorted
         self._stages = stages
         self._keep_alive = list(keep_alive)
         self.alignment_fallbacks = 0
         self._slots_of: dict[int, list[Slot]] = defaultdict(list)
         for slot in self._slots:
             self._slots_of[slot.index].append(slot)
+        self._calls = _CallPlan.of(self._slots, self._placeholders, self._dynamic, self._static_uncovered)
 
     @property
     def uncovered_indices(self) -> tuple[int, ...]:
@@ -97,14 +101,23 @@ class PiPlan:
         return len(self._slots)
 
     def update(self, inputs: Sequence[Any]) -> bool:
+        calls = self._calls
+        bases = device_addresses(calls.served(inputs))
+        if None in bases:
+            return self._all_placeholders()
+        addresses = cast(list[int], bases)
+        if not calls.surely_aligned(addresses):
+            return self._update_with_fallbacks(addresses)
+        self._table.write(calls.values(addresses))
+        self._uncovered = self._static_sorted
+        return True
+
+    def _update_with_fallbacks(self, bases: list[int]) -> bool:
+        """This call's table when some inputs break their slots' alignment: those read placeholders."""
+        calls = self._calls
         uncovered = set(self._static_uncovered)
         addresses: dict[int, int] = {}
-        for index in self._dynamic:
-            if index in uncovered or index not in self._slots_of:
-                continue
-            base = device_address(inputs[index])
-            if base is None:
-                return self._all_placeholders()
+        for index, base in zip(calls.served_indices, bases, strict=True):
             addresses[index] = base
             if any((base + s.delta) % s.alignment for s in self._slots_of[index]):
                 uncovered.add(index)
@@ -161,13 +174,92 @@ class PiPlan:
         self._keep_alive.clear()
 
 
-def device_address(value: Any) -> int | None:
-    """``data_ptr()`` of a CUDA tensor; None for anything else (the plan then copies every input)."""
-    import torch
+def device_addresses(values: Sequence[Any]) -> list[int | None]:
+    """``data_ptr()`` of each CUDA tensor; None for anything else (the plan then copies every input)."""
+    try:
+        return [v.data_ptr() if v.is_cuda else None for v in values]  # tensors: the common case, fast
+    except AttributeError:
+        import torch
 
-    if isinstance(value, torch.Tensor) and value.is_cuda:
-        return int(value.data_ptr())
-    return None
+        return [int(v.data_ptr()) if isinstance(v, torch.Tensor) and v.is_cuda else None for v in values]
+
+
+@dataclass(frozen=True)
+class _CallPlan:
+    """What ``PiPlan.update`` needs per call, worked out once: which inputs it reads, how the slot
+    values follow from their addresses, and one bit mask that tells whether they are all aligned.
+
+    ``served_indices`` are the dynamic inputs with a slot that is not statically uncovered, in order;
+    ``sources`` gives per slot (position in ``served_indices`` or -1, addend): the value is
+    ``address[position] + addend``, or the addend alone (a placeholder's address plus offset) for -1.
+    ``identity`` says the values are the addresses themselves. ``align_mask`` is set when every slot's
+    rule is "address divisible by a power of two": when the OR of all addresses has none of the low bits
+    of the largest such alignment set, every input is aligned (otherwise the caller checks each rule).
+    Alignment 1 is no rule at all."""
+
+    served_indices: tuple[int, ...]
+    served: Callable[[Sequence[Any]], tuple[Any, ...]]
+    sources: tuple[tuple[int, int], ...]
+    identity: bool
+    align_mask: int | None
+    requirements: tuple[tuple[tuple[int, int], ...], ...]  # per served input: (alignment, residue)
+
+    @classmethod
+    def of(
+        cls,
+        slots: Sequence[Slot],
+        placeholders: dict[int, int],
+        dynamic: Sequence[int],
+        static_uncovered: frozenset[int],
+    ) -> _CallPlan:
+        with_slots = {s.index for s in slots}
+        served = tuple(i for i in dynamic if i in with_slots and i not in static_uncovered)
+        position = {index: k for k, index in enumerate(served)}
+        sources = tuple(
+            (position[s.index], s.delta) if s.index in position else (-1, placeholders[s.index] + s.delta)
+            for s in slots
+        )
+        identity = sources == tuple((k, 0) for k in range(len(served)))
+        requirements = tuple(
+            tuple(
+                sorted(
+                    {
+                        (s.alignment, -s.delta % s.alignment)
+                        for s in slots
+                        if s.index == index and s.alignment > 1
+                    }
+                )
+            )
+            for index in served
+        )
+        rules = {rule for per_input in requirements for rule in per_input}
+        mask = None
+        if all(r == 0 and a & (a - 1) == 0 for a, r in rules):
+            mask = max((a for a, _ in rules), default=1) - 1
+        if len(served) >= 2:
+            getter = cast(Callable[[Sequence[Any]], tuple[Any, ...]], operator.itemgetter(*served))
+        else:
+            getter = functools.partial(_pick, served)
+        return cls(served, getter, sources, identity, mask, requirements)
+
+    def surely_aligned(self, addresses: list[int]) -> bool:
+        """True when every address meets its slots' alignment; False may be a false alarm of the mask."""
+        if self.align_mask is not None:
+            return not (functools.reduce(operator.or_, addresses, 0) & self.align_mask)
+        return all(
+            base % alignment == residue
+            for base, rules in zip(addresses, self.requirements, strict=True)
+            for alignment, residue in rules
+        )
+
+    def values(self, addresses: list[int]) -> list[int]:
+        if self.identity:
+            return addresses
+        return [(addresses[k] if k >= 0 else 0) + addend for k, addend in self.sources]
+
+
+def _pick(indices: tuple[int, ...], values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(values[i] for i in indices)
 
 
 def _input_ranges(placeholders: dict[int, Any]) -> list[InputRange]:
