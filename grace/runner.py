@@ -131,6 +131,9 @@ class GraphSlot:
         self.verify_ptrs: list[int | None] | None = None
         # Graphs captured for other static-input addresses (oldest first), bounded by max_recaptures.
         self.kept: list[_KeptGraph] = []
+        # The runner's check that a call has this slot's signature (built on the slot's first call).
+        self.recent: _RecentSlot | None = None
+        self.recent_built = False
 
     # --- steady states ---------------------------------------------------------------------
 
@@ -429,7 +432,10 @@ class GraceRunner:
             slot = self._new_slot(key)
         else:
             self.slots.move_to_end(key)
-        self._recent = _RecentSlot.build(self.plan, args, slot) if self.slots.get(key) is slot else None
+        if not slot.recent_built:  # once per slot: signatures that alternate pay no rebuild
+            slot.recent = _RecentSlot.build(self.plan, args, slot)
+            slot.recent_built = True
+        self._recent = slot.recent if self.slots.get(key) is slot else None
         return slot.run(args)
 
     def _new_slot(self, key: tuple[Any, ...]) -> GraphSlot:

@@ -239,3 +239,23 @@ def test_reset_and_eviction_forget_the_recent_slot(cpu_runner: list[int]) -> Non
     assert runner._recent is None and not runner.slots
     runner(w, torch.ones(3, 3), 1)
     assert len(runner.slots) == 1
+
+
+def test_alternating_signatures_build_each_check_once(
+    cpu_runner: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(max_graphs=2)
+    built: list[int] = []
+    real = grace.runner._RecentSlot.build
+
+    def counting(*a: Any) -> Any:
+        built.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(grace.runner._RecentSlot, "build", counting)
+    w = torch.ones(())
+    for k in range(6):
+        rows = 2 + k % 2
+        (out,) = runner(w, torch.ones(rows, 4), 3)
+        torch.testing.assert_close(out, torch.full((rows, 4), 3.0))
+    assert len(built) == 2 and len(runner.slots) == 2
