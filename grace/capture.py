@@ -65,6 +65,7 @@ class CaptureContext:
             skipped Inductor's inner compile.
         device: the CUDA device of the graph.
         example_inputs: the real inputs of the capturing call (for alignment and view checks).
+        pi_table_update: option ``pi_table_update`` (how PI writes its pointer table per replay).
     """
 
     graph_handle: int
@@ -74,6 +75,7 @@ class CaptureContext:
     output_codes: tuple[Any, ...]
     device: torch.device
     example_inputs: tuple[Any, ...] = ()
+    pi_table_update: str = "copy"
 
 
 @runtime_checkable

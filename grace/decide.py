@@ -166,6 +166,7 @@ def _capture_variants(
             output_codes=plan.output_codes,
             device=device,
             example_inputs=tuple(args),
+            pi_table_update=runner.options.pi_table_update,
         )
         try:
             holder["result"] = prepare(ctx)

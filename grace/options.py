@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 CACHE_DIR_ENV = "GRACE_CACHE_DIR"
+PI_TABLE_UPDATES = ("copy", "node")  # values of GraceOptions.pi_table_update
 
 
 class GraceOptionsError(ValueError):
@@ -34,6 +35,12 @@ class GraceOptions:
         cuda_graphs: capture Inductor's output in CUDA graphs at all. False runs Inductor alone.
         cgct: apply CUDA-graph-aware code transformation (``grace.cgct``) before Inductor.
         pi: try parameter indirection (``grace.pi``) so that replays do not copy inputs.
+        pi_table_update: how PI's pointer table gets this call's addresses: ``"copy"``, one small
+            host-to-device copy before each replay (``grace.pi.table``); ``"node"``, a kernel node at
+            the head of the graph whose arguments are updated in the executable graph, so the update
+            travels with the launch (``grace.pi.fill``). Where ``"node"`` cannot be used (too many
+            slots, no NVRTC, a torch without an executable graph handle) the copy serves the table and
+            the PI stage ``table`` says why.
         scg: selective CUDA graphs: time the variants and keep the fastest one. False always keeps a
             graph when one could be captured and passed its numeric check (PI if it works, else copies).
         scg_samples: timed samples per variant (median taken); at least 3.
@@ -58,6 +65,7 @@ class GraceOptions:
     cuda_graphs: bool = True
     cgct: bool = True
     pi: bool = True
+    pi_table_update: str = "copy"
     scg: bool = True
     scg_samples: int = 15
     scg_warmup: int = 2
@@ -92,6 +100,11 @@ class GraceOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise GraceOptionsError(f"GraceOptions.{name} must be an int >= {low}, got {value!r}")
+        if self.pi_table_update not in PI_TABLE_UPDATES:
+            raise GraceOptionsError(
+                f"GraceOptions.pi_table_update must be one of {list(PI_TABLE_UPDATES)}, "
+                f"got {self.pi_table_update!r}"
+            )
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise GraceOptionsError(f"GraceOptions.cache_dir must be a path or None, got {self.cache_dir!r}")
 

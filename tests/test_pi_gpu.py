@@ -16,14 +16,14 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _compile(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
     import torch
 
     from grace.backend import GraceBackend
     from grace.options import GraceOptions
 
     cache = tempfile.mkdtemp(prefix="grace-pi-test-")
-    return torch.compile(fn, backend=GraceBackend(GraceOptions(scg=False, cache_dir=cache)))
+    return torch.compile(fn, backend=GraceBackend(GraceOptions(scg=False, cache_dir=cache, **options)))
 
 
 def _records() -> list[dict[str, Any]]:
@@ -148,3 +148,39 @@ def test_bf16_matmul_uses_the_vendor_path() -> None:
     record = _uses_pi(_records())
     stages = {(s, st) for s, st, _ in record["pi_stages"]}
     assert ("vendor_match", "pass") in stages and ("vendor_update", "pass") in stages, record["pi_stages"]
+
+
+def test_fill_node_serves_the_table_and_never_changes_a_queued_launch() -> None:
+    """``pi_table_update="node"``: the table is written by the graph's fill node, whose parameters are
+    updated on the executable graph per call. Calls on different input sets are queued behind a long
+    kernel without synchronisation: each replay must read its own call's addresses, so an update made
+    for call k+1 must not reach replay k, still waiting in the queue."""
+    import torch
+
+    import grace
+
+    def fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a * 2 + b) * c - d.sin()
+
+    def inputs(seed: int) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return tuple(torch.randn(1 << 16, device="cuda", generator=g) for _ in range(4))
+
+    torch._dynamo.reset()
+    grace.reset()
+    compiled = _compile(fn, pi_table_update="node")
+    for seed in range(3):  # warm-up, the deciding call, one steady call; inputs move each time
+        args = inputs(seed)
+        torch.testing.assert_close(compiled(*args), fn(*args), msg=f"call {seed}")
+    record = _uses_pi(_records())
+    table = [(status, message) for stage, status, message in record["pi_stages"] if stage == "table"]
+    assert table and table[-1][0] == "pass" and table[-1][1].startswith("node:"), record["pi_stages"]
+    assert record["pi_bytes_per_replay"] <= 8 * 4
+
+    sets = [inputs(100 + k) for k in range(8)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # keeps the stream busy while the calls below are queued
+    outs = [compiled(*args).clone() for args in sets]  # outputs live in the graph's pool: copy each
+    torch.cuda.synchronize()
+    for k, (args, out) in enumerate(zip(sets, outs, strict=True)):
+        torch.testing.assert_close(out, fn(*args), msg=f"queued call {k}")

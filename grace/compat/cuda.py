@@ -7,7 +7,9 @@ parameters, the graph being captured). cuda-bindings moved its modules (``cuda.c
 
 Design: ``driver()`` returns the driver module or None (``import_error()`` says why); the helpers take
 and return plain ``int`` handles, unwrap the ``(CUresult, *values)`` tuples and raise ``CudaDriverError``
-with the function's and the error's names. Capabilities (``has_param_info()``) are probed once.
+with the function's and the error's names. Capabilities (``has_param_info()``,
+``has_exec_kernel_node_set_params()``) are probed once; the host-side update of an instantiated graph's
+kernel node (``exec_kernel_node_setter``) is bound once and then costs one bindings call.
 
 Invariant: importing this module never loads libcuda; only calling a helper does.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 # cuLaunchKernel ``extra`` markers (cuda.h): CU_LAUNCH_PARAM_END, _BUFFER_POINTER, _BUFFER_SIZE.
@@ -129,14 +132,24 @@ def capturing_graph(stream_handle: int) -> int:
     return int(graph)
 
 
-def graph_nodes(graph: int) -> list[int]:
+def _node_list(name: str, graph: int) -> list[int]:
     drv = _require()
+    call = getattr(drv, name)
     handle = drv.CUgraph(graph)
-    _, count = check("cuGraphGetNodes", drv.cuGraphGetNodes(handle, 0))
+    _, count = check(name, call(handle, 0))
     if not count:
         return []
-    nodes, _ = check("cuGraphGetNodes", drv.cuGraphGetNodes(handle, count))
+    nodes, _ = check(name, call(handle, count))
     return [int(n) for n in nodes[:count]]
+
+
+def graph_nodes(graph: int) -> list[int]:
+    return _node_list("cuGraphGetNodes", graph)
+
+
+def graph_root_nodes(graph: int) -> list[int]:
+    """The nodes of ``graph`` that depend on no other node (``cuGraphGetRootNodes``)."""
+    return _node_list("cuGraphGetRootNodes", graph)
 
 
 def node_type(node: int) -> str:
@@ -202,6 +215,65 @@ def set_kernel_node_function(node: int, func: int) -> None:
     if hasattr(params, "kern"):
         params.kern = drv.CUkernel(0)
     check("cuGraphKernelNodeSetParams", drv.cuGraphKernelNodeSetParams(handle, params))
+
+
+# --- host-side updates of an instantiated graph's kernel node --------------------------------------
+# cuda-bindings spells the call ``cuGraphExecKernelNodeSetParams`` in every release (from CUDA 12 it
+# binds ``cuGraphExecKernelNodeSetParams_v2``, whose ``CUDA_KERNEL_NODE_PARAMS`` gained ``kern`` and
+# ``ctx`` after ``extra``); CUDA 13 announces its deprecation in favour of ``cuGraphExecNodeSetParams``.
+# ``CUDA_KERNEL_NODE_PARAMS.kernelParams`` accepts the address of a ``void*[]`` array as an int in every
+# release (the bindings' kernel parameter helper passes an int through as the array pointer).
+
+
+@functools.cache
+def has_exec_kernel_node_set_params() -> bool:
+    """The bindings can set a kernel node's parameters in an executable graph from the host."""
+    drv = driver()
+    return drv is not None and hasattr(drv, "cuGraphExecKernelNodeSetParams")
+
+
+def kernel_node_params_reading(node: int, kernel_params: int) -> Any:
+    """``node``'s ``CUDA_KERNEL_NODE_PARAMS`` (function, grid, block, shared memory as the node has them)
+    with its arguments read from the ``void*[]`` array at ``kernel_params`` (``extra`` cleared).
+
+    The caller keeps the array, and the argument buffers it points to, alive as long as the object is
+    used: the driver reads them at each call that is given the object.
+    """
+    drv = _require()
+    params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(node)))
+    return with_kernel_params(params, kernel_params)
+
+
+def with_kernel_params(params: Any, kernel_params: int) -> Any:
+    """``params`` (a ``CUDA_KERNEL_NODE_PARAMS``) passing the arguments of the ``void*[]`` array at
+    ``kernel_params`` and no ``extra``."""
+    params.kernelParams = int(kernel_params)
+    params.extra = 0
+    return params
+
+
+def exec_kernel_node_setter(graph_exec: int, node: int, params: Any) -> Callable[[], None]:
+    """A function that sends ``params`` (from ``kernel_node_params_reading``) to ``node`` of
+    ``graph_exec`` (``cuGraphExecKernelNodeSetParams``); it raises ``CudaDriverError`` on failure.
+
+    The handles and the bound call are made here, once: a call costs one bindings call and one
+    comparison. CUDA documents that the update affects later launches of ``graph_exec`` only, never
+    launches already queued or running.
+    """
+    drv = _require()
+    if not has_exec_kernel_node_set_params():
+        raise CudaDriverError("these cuda-bindings have no cuGraphExecKernelNodeSetParams")
+    call = drv.cuGraphExecKernelNodeSetParams
+    exec_handle = drv.CUgraphExec(graph_exec)
+    node_handle = drv.CUgraphNode(node)
+    success = drv.CUresult.CUDA_SUCCESS
+
+    def set_params() -> None:
+        result = call(exec_handle, node_handle, params)
+        if result[0] != success:
+            check("cuGraphExecKernelNodeSetParams", result)
+
+    return set_params
 
 
 def clear_last_error() -> None:

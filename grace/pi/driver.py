@@ -121,6 +121,10 @@ class ParamBuffer:
     def address(self) -> int:
         return ctypes.addressof(self._array)
 
+    def value(self, index: int) -> ctypes.Array[ctypes.c_char]:
+        """The writable bytes of parameter ``index``: a later launch or ``SetParams`` sends what they hold."""
+        return self._buffers[index]
+
 
 def launch(
     function: int,
@@ -314,6 +318,12 @@ def add_kernel_node(
     finally:
         graph_destroy(scratch)
     return int(node)
+
+
+def remove_node(node: int) -> None:
+    """``cuGraphDestroyNode``: take ``node`` and its edges out of its (not yet instantiated) graph."""
+    drv = _drv()
+    check("cuGraphDestroyNode", drv.cuGraphDestroyNode(drv.CUgraphNode(node)))
 
 
 def add_dependencies(graph: int, before: int, after: Sequence[int]) -> None:

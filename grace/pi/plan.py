@@ -10,15 +10,18 @@ Design: scan the graph (grace.pi.scan); build the rewritten Triton kernels the g
 to the rewritten functions and the slots' addresses; install the vendor prelude for the rest
 (grace.pi.vendor). Inputs with a use that could not be redirected are ``uncovered``: their slots hold
 the placeholder's address forever, so every node, patched or not, reads the same placeholder the
-runner copies into. ``PiPlan.update`` writes this call's addresses into the table; an input whose new
+runner copies into. The table is written per replay by a host-to-device copy (grace.pi.table) or, with
+option ``pi_table_update="node"``, by a kernel node at the head of the graph (grace.pi.fill).
+``PiPlan.update`` writes this call's addresses into the table; an input whose new
 address breaks the alignment a kernel assumed is served by a copy for that call (its slots point at the
 placeholder and it is reported in ``uncovered_indices``).
 
 Invariants:
 - After ``update`` returned True, every slot holds either the input's ``data_ptr() + offset`` (the
   input is covered this call) or the placeholder's (it is in ``uncovered_indices``).
-- ``stages`` lists (stage, status, message) for locate, rewrite, assemble, load, patch, vendor_match
-  and vendor_update, so the store can show where PI stopped.
+- ``stages`` lists (stage, status, message) for locate, rewrite, assemble, load, patch, vendor_match,
+  vendor_update and table (which path writes the table, and why), so the store can show where PI
+  stopped.
 """
 
 from __future__ import annotations
@@ -141,12 +144,24 @@ class PiPlan:
         return [k for k in self._keep_alive if hasattr(k, "prelude_node") and hasattr(k, "status")]
 
     def prepare_launch(self, graph_exec: int | None, stream: int) -> None:
-        """Called once after instantiation, before the first replay: upload a graph with vendor nodes.
+        """Called once after instantiation, before the first replay: bind the table's fill node to the
+        executable graph, and upload a graph with vendor nodes.
 
-        CUDA asks for ``cuGraphUpload`` before launching a graph whose kernel nodes are updated on the
-        device (DESIGN 3.4); a graph without vendor nodes needs nothing. Raises when the upload is
-        needed and cannot be done, so that the caller declines PI for this graph.
+        A table served by a fill node (grace.pi.fill) is updated through the executable graph; CUDA asks
+        for ``cuGraphUpload`` before launching a graph whose kernel nodes are updated on the device
+        (DESIGN 3.4). A graph with neither needs nothing. Raises when a step is needed and cannot be
+        done, so that the caller declines PI for this graph (a fill node that cannot be updated would
+        make every replay read the placeholders' addresses).
         """
+        prepare_table = getattr(self._table, "prepare_launch", None)
+        if callable(prepare_table):
+            try:
+                prepare_table(graph_exec, stream)
+            except Exception as exc:
+                self._stages.add(
+                    "table", "fail", f"node: binding the fill node's update: {type(exc).__name__}: {exc}"
+                )
+                raise
         if not self.vendor_setups:
             return
         if graph_exec is None:
@@ -456,10 +471,28 @@ def prepare(ctx: Any) -> Any:
         detail = "; ".join(f"input {i}: {why}" for i, why in sorted(uncovered.items()))
         return SkipReason(SkipCode.PI_FAILED, f"no dynamic input can be served by PI: {detail}")
     slots = [Slot(i, d, alignment[(i, d)]) for (i, d), _ in sorted(slot_of.items(), key=lambda kv: kv[1])]
+    placeholder_ptrs = {i: int(t.data_ptr()) for i, t in placeholders.items()}
+
+    # The table's writer: the copy table itself, or a fill node ahead of every root (vendor prelude too).
+    from grace.pi import fill
+
+    try:
+        served = fill.serve(
+            ctx.graph_handle,
+            table,
+            [placeholder_ptrs[s.index] + s.delta for s in slots],
+            ctx.pi_table_update,
+            capturing=capturing,
+            capability=capability,
+            device_index=device_index,
+            stages=stages,
+        )
+    except fill.FillUnsafe as exc:
+        return SkipReason(SkipCode.PI_FAILED, f"pointer table fill node: {exc}")
     plan = PiPlan(
-        table,
+        served,
         slots,
-        {i: int(t.data_ptr()) for i, t in placeholders.items()},
+        placeholder_ptrs,
         tuple(placeholders),
         uncovered,
         stages,

@@ -6,8 +6,9 @@ must read moved inputs needs those bytes changed before the kernel runs.
 
 Design: the scan (grace.pi.scan) found every 8-byte match of an input in the node's parameter bytes.
 Each such node is marked device-updatable, which yields a device-side node handle. One prelude kernel,
-compiled with NVRTC as relocatable device code and loaded with ``cuModuleLoadData`` (the driver resolves
-its call into the device runtime), is added to the graph as a root with an edge to every patched node.
+compiled with NVRTC as relocatable device code and loaded with ``cuModuleLoadData`` (grace.pi.nvrtc; the
+driver resolves its call into the device runtime), is added to the graph as a root with an edge to every
+patched node (the table's fill node, when grace.pi.fill serves the table, is added later and runs first).
 On every replay it reads the current slot values from the pointer table and applies them with
 ``cudaGraphKernelNodeUpdatesApply``: the patched kernels see the new addresses in the same launch.
 
@@ -25,10 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
-import functools
-import importlib
 import logging
-import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,98 +70,31 @@ class VendorError(RuntimeError):
         self.stage = stage
 
 
-@functools.cache
-def _nvrtc() -> Any:
-    errors = []
-    for name in ("cuda.bindings.nvrtc", "cuda.nvrtc"):
-        try:
-            return importlib.import_module(name)
-        except Exception as exc:
-            errors.append(f"{name}: {exc}")
-    raise VendorError("vendor_update", "NVRTC bindings unavailable: " + "; ".join(errors))
-
-
-def _nvrtc_check(name: str, result: Any) -> Any:
-    nvrtc = _nvrtc()
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != int(nvrtc.nvrtcResult.NVRTC_SUCCESS):
-        raise VendorError("vendor_update", f"{name} failed: {err}")
-    return values[0] if len(values) == 1 else values
-
-
 def compile_prelude(capability: int) -> bytes:
     """PTX of the prelude, relocatable device code for ``compute_<capability>``."""
-    nvrtc = _nvrtc()
-    program = _nvrtc_check(
-        "nvrtcCreateProgram",
-        nvrtc.nvrtcCreateProgram(PRELUDE_SOURCE.encode(), b"grace_pi_prelude.cu", 0, [], []),
-    )
-    options = [f"--gpu-architecture=compute_{capability}".encode(), b"-rdc=true"]
-    result = nvrtc.nvrtcCompileProgram(program, len(options), options)
-    if int(result[0]) != int(nvrtc.nvrtcResult.NVRTC_SUCCESS):
-        size = _nvrtc_check("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(program))
-        log = b" " * size
-        _nvrtc_check("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(program, log))
-        raise VendorError("vendor_update", f"NVRTC rejected the prelude: {log.decode(errors='replace')}")
-    size = _nvrtc_check("nvrtcGetPTXSize", nvrtc.nvrtcGetPTXSize(program))
-    ptx = b" " * size
-    _nvrtc_check("nvrtcGetPTX", nvrtc.nvrtcGetPTX(program, ptx))
-    return ptx
+    from grace.pi import nvrtc
+
+    try:
+        return nvrtc.compile_ptx(PRELUDE_SOURCE, "grace_pi_prelude.cu", capability, ["-rdc=true"])
+    except nvrtc.NvrtcError as exc:
+        raise VendorError("vendor_update", str(exc)) from exc
 
 
 _prelude_functions: dict[tuple[int, int], int] = {}  # (device index, capability) -> CUfunction
 
 
-# Newest PTX ISA each CUDA driver release reads (CUDA's PTX release notes): an NVRTC newer than the
-# driver emits a .version the driver rejects; the prelude uses nothing newer than 8.4.
-_PTX_ISA_OF_DRIVER = (
-    (13020, "9.2"),
-    (13010, "9.1"),
-    (13000, "9.0"),
-    (12090, "8.8"),
-    (12080, "8.7"),
-    (12060, "8.5"),
-    (12050, "8.5"),
-    (12040, "8.4"),
-)
-
-
-def _lower_ptx_version(ptx: bytes) -> bytes | None:
-    from grace.compat import cuda as cuda_compat
-
-    version = cuda_compat.driver_version()
-    isa = next((v for release, v in _PTX_ISA_OF_DRIVER if version is not None and version >= release), None)
-    if isa is None:
-        return None
-    text = ptx.decode()
-    lowered = re.sub(r"^\.version\s+\d+\.\d+", f".version {isa}", text, count=1, flags=re.MULTILINE)
-    return lowered.encode() if lowered != text else None
-
-
 def prelude_function(capability: int, device_index: int = 0) -> int:
     """The loaded prelude ``CUfunction``, compiled and loaded once per process, device and capability
     (into the current context, which must be device ``device_index``'s)."""
-    from grace.pi import driver
+    from grace.pi import nvrtc
 
     key = (device_index, capability)
     if key not in _prelude_functions:
         ptx = compile_prelude(capability)
         try:
-            loaded = driver.load_kernel(ptx, PRELUDE_NAME)
-        except Exception as exc:
-            lowered = _lower_ptx_version(ptx)
-            if lowered is None:
-                raise VendorError(
-                    "vendor_update", f"loading the prelude: {type(exc).__name__}: {exc}"
-                ) from exc
-            try:
-                loaded = driver.load_kernel(lowered, PRELUDE_NAME)
-            except Exception as again:
-                raise VendorError(
-                    "vendor_update",
-                    f"loading the prelude: {type(exc).__name__}: {exc}; with an older .version: {again}",
-                ) from again
-        _prelude_functions[key] = loaded.function
+            _prelude_functions[key] = nvrtc.load_ptx(ptx, PRELUDE_NAME)
+        except nvrtc.NvrtcError as exc:
+            raise VendorError("vendor_update", f"the prelude: {exc}") from exc
     return _prelude_functions[key]
 
 

@@ -12,6 +12,10 @@ each one, so a lease that ends early still returns everything measured so far:
    copies every call). Floors: the device-busy time of one isolated inductor call (profiler), and the
    busy time per call of 20 back-to-back inductor calls (``suites.launches.profile_steady``), the floor
    a back-to-back figure is judged by. Per mode also: the steady-state busy, copy and idle time per call.
+   For the workloads of ``TABLE_UPDATE_WORKLOADS`` grace with PI forced runs twice in the same rotation,
+   once per way of writing PI's pointer table (``pi_table_update``: ``copy``, a host-to-device copy
+   before each replay, as ``grace_pi``; ``node``, the graph's fill node, as ``grace_pi_node``), and
+   ``table_update`` reports node/copy for the medians and the steady figures, and which path served.
 
 Run from the repository root on a CUDA machine: ``python scripts/gpu/pi_gpu_check.py --out DIR``.
 """
@@ -46,6 +50,7 @@ NUMERIC_WORKLOADS = (
     "mlp",
     "bf16_matmul",
 )
+TABLE_UPDATE_WORKLOADS = ("elementwise_64x1m",)  # timed under both pi_table_update paths
 TIMING_WORKLOADS = (
     "elementwise_64x1m",
     "nvidia_deeprecommender",
@@ -175,6 +180,10 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
         "grace_pi": torch.compile(model, backend=grace_backend(cache_dir, scg=False)),
         "grace": torch.compile(model, backend=grace_backend(cache_dir + "-scg")),
     }
+    if name in TABLE_UPDATE_WORKLOADS:
+        modes["grace_pi_node"] = torch.compile(
+            model, backend=grace_backend(cache_dir + "-node", scg=False, pi_table_update="node")
+        )
     counter = {"i": 0}
 
     def caller(fn: Any) -> Callable[[], Any]:
@@ -213,7 +222,32 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
         "steady": steady,
         "variants": [(r["signature"], r["variant"], r["pi_bytes_per_replay"]) for r in records],
     }
+    if "grace_pi_node" in med:
+        out["table_update"] = table_update_summary(med, steady, records)
     return out
+
+
+def table_update_summary(
+    med: dict[str, float], steady: dict[str, dict[str, Any]], records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """grace with PI under the two table-update paths: node/copy ratios and which path each graph used."""
+
+    def ratio(node: float | None, copy: float | None) -> float | None:
+        return node / copy if node is not None and copy else None
+
+    copy_steady, node_steady = steady["grace_pi"], steady["grace_pi_node"]
+    return {
+        "median_ms": {"copy": med["grace_pi"], "node": med["grace_pi_node"]},
+        "node_over_copy": ratio(med["grace_pi_node"], med["grace_pi"]),
+        "steady": {"copy": copy_steady, "node": node_steady},
+        "steady_node_over_copy": {
+            key: ratio(node_steady.get(key), copy_steady.get(key))
+            for key in ("busy_ms", "span_ms", "idle_ms")
+        },
+        "table_stages": [
+            [msg for stage, _, msg in r.get("pi_stages") or [] if stage == "table"] for r in records
+        ],
+    }
 
 
 def main() -> int:
@@ -266,7 +300,12 @@ def main() -> int:
                     f"timing {name}: "
                     + ", ".join(f"{m} {v:.4f}" for m, v in value["median_ms"].items())
                     + f" ms; floor {value['floor_ms']} (steady {value['steady_floor_ms']:.4f});"
-                    + f" pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x",
+                    + f" pt2cg/grace_pi {value['pt2cg_over_grace_pi']:.2f}x"
+                    + (
+                        f"; table node/copy {value['table_update']['node_over_copy']:.3f}"
+                        if "table_update" in value
+                        else ""
+                    ),
                     flush=True,
                 )
         except Exception as exc:
