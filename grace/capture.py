@@ -17,7 +17,12 @@ Invariants:
 - ``CapturedGraph.run`` copies every dynamic input the graph reads through a placeholder before the
   replay and copies mutated dynamic inputs back after it;
 - a failed capture leaves no capture open on the stream (``capture_end`` in ``finally``) and raises
-  ``CaptureError`` carrying a ``SkipReason``.
+  ``CaptureError`` carrying a ``SkipReason``;
+- placeholders live in the default pool, never in a graph's private pool, so they can be shared: the
+  deciding call captures the graph-with-copies and the PI graph against one set of placeholders
+  (``capture_graph(..., placeholders=...)``), which halves the placeholder memory of a decision. Two
+  graphs sharing placeholders must run one after the other on one stream (each replay copies what it
+  reads into them first), and a released graph drops only its references to them.
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
@@ -111,6 +116,43 @@ def dense_view(t: torch.Tensor) -> torch.Tensor:
 def make_placeholder(t: torch.Tensor) -> torch.Tensor:
     """A fresh tensor with ``t``'s size, strides and dtype on ``t``'s device (storage offset 0)."""
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+
+
+def placeholders_for(
+    args: Sequence[Any], dynamic_indices: Sequence[int], shared: Mapping[int, torch.Tensor] | None = None
+) -> dict[int, torch.Tensor]:
+    """The placeholders a capture of ``args`` reads its dynamic inputs from: fresh ones, or ``shared``.
+
+    ``shared`` (the placeholders of another graph of the same call) must hold exactly the dynamic
+    indices, each with its input's size, strides, dtype and device: a graph captured against a
+    placeholder of another layout would read the copied input wrongly. Raises ``ValueError`` otherwise.
+    """
+    if shared is None:
+        return {i: make_placeholder(args[i]) for i in dynamic_indices}
+    if set(shared) != set(dynamic_indices):
+        raise ValueError(
+            f"shared placeholders cover inputs {sorted(shared)}, the capture needs {sorted(dynamic_indices)}"
+        )
+    for i in dynamic_indices:
+        p, t = shared[i], args[i]
+        if (p.size(), p.stride(), p.dtype, p.device) != (t.size(), t.stride(), t.dtype, t.device):
+            raise ValueError(
+                f"shared placeholder {i} is {tuple(p.shape)}/{p.stride()}/{p.dtype}/{p.device}, "
+                f"input {i} is {tuple(t.shape)}/{t.stride()}/{t.dtype}/{t.device}"
+            )
+    return {i: shared[i] for i in dynamic_indices}
+
+
+def poison_placeholders(placeholders: Mapping[int, torch.Tensor]) -> None:
+    """Fill the floating-point placeholders with NaN.
+
+    A graph reads a placeholder only after the runner copied the input into it, so this never changes
+    a correct result; a graph that reads a placeholder it should not (a PI slot left at its capture
+    address) then yields NaN instead of the last copied values, and fails its numeric check.
+    """
+    for p in placeholders.values():
+        if p.dtype.is_floating_point or p.dtype.is_complex:
+            dense_view(p).fill_(float("nan"))
 
 
 @dataclass(frozen=True)
@@ -276,9 +318,14 @@ def capture_graph(
     static_indices: Sequence[int],
     mutated_indices: Sequence[int],
     hooks: Sequence[GraphHook] = (),
+    placeholders: Mapping[int, torch.Tensor] | None = None,
 ) -> CapturedGraph:
-    """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph."""
-    placeholders = {i: make_placeholder(args[i]) for i in dynamic_indices}
+    """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
+
+    ``placeholders``: those of another graph of the same inputs, to read from instead of fresh ones
+    (see the invariants above and ``placeholders_for``).
+    """
+    placeholders = placeholders_for(args, dynamic_indices, placeholders)
     capture_args = list(args)
     for i, placeholder in placeholders.items():
         capture_args[i] = placeholder

@@ -8,8 +8,9 @@ Design (one call, on the caller's real inputs):
 1. capture the graph-with-copies variant and, when PI is enabled and usable, a second graph that
    ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``);
 2. run the no-graph callable as the reference, then each graph variant, restoring mutated inputs before
-   each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is also
-   checked on copies of the inputs at new addresses;
+   each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
+   checked first, with NaN in the floating-point placeholders it shares with the copies graph, then
+   again with its inputs at new addresses (the placeholders, holding the inputs' values);
 3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
    are not timed (timing would repeat the side effects): they keep the best graph variant;
@@ -21,6 +22,49 @@ uploaded, as CUDA asks for device-side node updates); the plan's ``health`` (did
 apply their updates) is part of every numeric check.
 
 Invariant: every exit path leaves the slot in a steady state (graph variant or no graph with a reason).
+
+Note: [Deciding-call memory]
+CUDA memory grace allocates from a slot's first call to its first steady call, for a callable with N
+dynamic inputs of B bytes (U = N*B), outputs of O bytes that it allocates (views of inputs are free),
+W bytes of transient intermediates per run, C bytes of comparison temporaries (a few
+``scg.COMPARE_CHUNK``-element tensors: about 4 MiB in float32), and a caller that drops each call's
+output before the next call (as suites/harness.py does). Peaks are above what was allocated before the
+first call, the caller's inputs included. Outputs of a graph live in its private pool for as long as
+the graph; placeholders live in the default pool.
+
+  phase                           before this note (alive at once)         now
+  warm-up call, no graph          O + W                                    O + W
+  capture graph-with-copies       placeholders U + pool O                  U + O
+  capture PI graph                own placeholders U + pool O: 2U + 2O     shared placeholders: U + 2O
+  reference (no-graph) run        + O: 2U + 3O                             U + 3O
+  numeric checks                  + C                                      + C
+  PI at new input addresses       + clones of the inputs: 3U + 3O + C      placeholders as inputs: + 0
+  timing (no-graph samples)       reference kept: 2U + 4O + W              reference dropped: U + 3O + W
+  returned replay, verified       U + O + reference O + clone O            U + O + reference O
+                                  + verification's reference O: U + 4O     (outputs compared in place)
+  first steady call, verified     U + O + clone O + reference O            U + 2O
+  peak                            max(3U + 3O + C, 2U + 4O + W)            U + 3O + max(C, W)
+
+For 64 inputs of 4 MiB (U = 256 MiB) returning one 4 MiB output per input (O = U), before: 6U = 1536
+MiB plus C (then whole-output ``allclose`` temporaries, tens of MiB): the about 1600 MiB measured on
+the H200 (with O small it would have been 3U, about 780 MiB). Now 4U + C, about 1030 MiB. Mutating
+callables add snapshots of their mutated inputs (a few times their bytes) and keep the output clone in
+the verification, as before.
+
+PyTorch's cudagraph trees ("reduce-overhead") in the same window: the warm-up run allocates O + W in
+the tree's pool; recording allocates static copies of the non-static inputs (U) in that pool, but holds
+them only through non-owning tensors, so Inductor's ``del argN`` after an input's last use frees it
+inside the pool and later buffers of the same graph (outputs included) reuse it; replays copy into
+the recorded addresses. Peak: U + O + W when every kernel reads every input (one fused kernel over all
+inputs), down to about U when each input is dead before the next output is allocated (64 independent
+elementwise kernels: consistent with the 256 MiB measured for pt2cg). Against U + O, grace is within
+10% when 1.9 O + C <= 0.1 U: outputs small next to the inputs, e.g. 64 inputs combined into one 4 MiB
+output, U + 3O + C = about 1.05 (U + O). Where O is of the order of U, what remains is structural:
+grace's graphs own their placeholders and their outputs (U + O for the kept graph alone, against about
+U), and the PI graph has outputs of its own while both graphs are timed. Closing it needs placeholders
+allocated in the graph's pool and released during capture as cudagraph trees do (which PI's address
+matching must then tell apart from outputs reusing those addresses), and one capture instantiated
+twice (copies and PI) so that the two variants share outputs and intermediates.
 """
 
 from __future__ import annotations
@@ -31,7 +75,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grace.capture import CaptureContext, CapturedGraph, CaptureError, capture_graph, dense_view, summary_hook
+from grace.capture import (
+    CaptureContext,
+    CapturedGraph,
+    CaptureError,
+    capture_graph,
+    dense_view,
+    poison_placeholders,
+    summary_hook,
+)
 from grace.compat import torch as torch_compat
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import (
@@ -52,6 +104,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _GRAPH_PREFERENCE = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
+_CHECK_ORDER = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
 
 
 def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
@@ -67,12 +120,19 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     graphs = _capture_variants(slot, args, mutated)
 
     restore()
-    reference = runner.compiled(*args)
+    reference: Any = runner.compiled(*args)
     reference_state = [args[i].clone() for i in mutated]
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
+    # PI first: the placeholders it shares with the copies graph hold no copied input yet.
+    problems = {
+        variant: _check_variant(
+            slot, variant, graphs[variant], args, reference, reference_state, mutated, restore
+        )
+        for variant in sorted(graphs, key=_CHECK_ORDER.index)
+    }
     for variant, graph in list(graphs.items()):
-        problem = _check_variant(slot, variant, graph, args, reference, reference_state, mutated, restore)
+        problem = problems[variant]
         checks[variant.value] = problem or "pass"
         if problem is None:
             candidates.append(variant)
@@ -83,6 +143,10 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
             record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
             graph.release()
             del graphs[variant]
+    if len(candidates) > 1:
+        # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed.
+        reference = None
+        reference_state = []
 
     decision = _choose(slot, args, graphs, candidates, checks, bool(mutated))
     for variant, graph in graphs.items():
@@ -97,7 +161,7 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         slot.set_no_graph(None)
         if not mutated:
             record.calls += 1
-            return reference
+            return reference if reference is not None else runner.compiled(*args)
         restore()
         return slot.run(args)
 
@@ -182,6 +246,7 @@ def _capture_variants(
             static_indices=plan.static_indices,
             mutated_indices=mutated,
             hooks=[pi_hook],
+            placeholders=graphs[Variant.GRAPH_COPIES].placeholders,  # Note: [Deciding-call memory]
         )
     except CaptureError as exc:
         record.add_skip(SkipReason(SkipCode.PI_FAILED, f"capture for PI: {exc.reason}"))
@@ -240,6 +305,10 @@ def _check_variant(
     if not slot.runner.options.check_numerics:
         return None
     restore()
+    if variant == Variant.GRAPH_PI:
+        # A PI slot stuck at its capture address reads a placeholder; if that memory happens to hold the
+        # inputs' values (reused from them, or copied by the copies graph) it would pass. NaN fails it.
+        poison_placeholders(graph.placeholders)
     try:
         out = _run_variant(slot, variant, graph, args)
         torch.cuda.synchronize(graph.device)
@@ -251,10 +320,13 @@ def _check_variant(
     if problem is None:
         problem = graph_health(graph)
     if problem is None and variant == Variant.GRAPH_PI and not mutated:
-        # PI must follow inputs to new addresses: run again on copies of the dynamic inputs.
+        # PI must follow inputs to new addresses: run again on the same values elsewhere. The
+        # placeholders are such a place (other addresses than ``args``, the inputs' exact layout), so
+        # no clone of the inputs is made (Note: [Deciding-call memory]).
+        graph.copy_in(args, graph.copy_indices)
         moved = list(args)
-        for i in slot.runner.plan.dynamic_indices:
-            moved[i] = args[i].clone(memory_format=torch.preserve_format)
+        for i in graph.copy_indices:
+            moved[i] = graph.placeholders[i]
         try:
             out_moved = _run_variant(slot, variant, graph, moved)
             torch.cuda.synchronize(graph.device)

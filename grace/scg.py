@@ -170,7 +170,8 @@ _TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-COMPARE_CHUNK = 1 << 22  # elements per comparison step: bounds the temporaries a check allocates
+COMPARE_CHUNK = 1 << 18  # elements per comparison step: bounds the temporaries a check allocates
+# (a few chunk-sized tensors, about 4 MiB for float32: small next to the outputs compared)
 
 
 def _allclose_in_chunks(reference: Any, candidate: Any, rtol: float, atol: float) -> bool:

@@ -7,8 +7,12 @@ kernels patched on the device. A variant kept without timing (``scg=False``, or 
 would otherwise never be compared with eager again.
 
 Design: ``check_against_reference`` runs the graph variant, keeps a copy of what it produced (outputs
-and mutated inputs), restores the mutated inputs, runs the no-graph callable on the same inputs and
-compares, then asks the PI plan (when the variant has one) whether its device-side updates succeeded.
+and mutated inputs) when the callable mutates its inputs, restores the mutated inputs, runs the
+no-graph callable on the same inputs and compares, then asks the PI plan (when the variant has one)
+whether its device-side updates succeeded. A callable that mutates nothing cannot change what the
+graph's outputs hold by running again (they live in the graph's pool or view unmodified inputs), so
+they are compared in place: no copy of the outputs is alive next to the reference (Note: [Deciding-call
+memory] in grace.decide).
 The runner calls it on the deciding call's returned replay, on the first steady call, and on the first
 call whose dynamic inputs sit at other addresses than at the decision: a handful of extra no-graph runs
 per graph, none per steady call.
@@ -68,7 +72,8 @@ def check_against_reference(
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
     before = {i: args[i].clone() for i in mutated}
     out = run_graph()
-    got = _clone_tree(out)
+    # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
+    got = _clone_tree(out) if mutated else out
     got_state = [args[i].clone() for i in mutated]
     for i, saved in before.items():
         dense_view(args[i]).copy_(dense_view(saved))

@@ -220,3 +220,33 @@ def test_pi_plan_uploads_only_graphs_with_vendor_nodes(monkeypatch: pytest.Monke
     assert uploads == [(0x1234, 7)]
     with pytest.raises(RuntimeError, match="no executable graph handle"):
         _pi_plan([FakeSetup(-1)]).prepare_launch(None, 7)
+
+
+@pytest.mark.parametrize("mutate", [False, True])
+def test_outputs_are_copied_only_when_the_reference_run_can_change_them(
+    mutate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import grace.verify
+
+    copies: list[Any] = []
+    clone_tree = grace.verify._clone_tree
+
+    def counting(value: Any) -> Any:
+        copies.append(value)
+        return clone_tree(value)
+
+    monkeypatch.setattr(grace.verify, "_clone_tree", counting)
+    x = torch.randn(4)
+    y = torch.zeros(4)
+    graph = FakeGraph([x, y], mutate=mutate, stale_after_move=False)
+    out, problem, _ = check_against_reference(
+        lambda: graph.run_with_copies([x, y], False),
+        Compiled(mutate=mutate),
+        [x, y],
+        [1] if mutate else [],
+        graph,
+        None,
+    )
+    assert problem is None
+    assert bool(copies) == mutate
+    torch.testing.assert_close(out[0], x * 2)

@@ -1,0 +1,236 @@
+"""The deciding call (grace.decide) on CPU, with a fake capture: the PI graph reads the copies graph's
+placeholders, PI's new-address check runs on those placeholders instead of clones of the inputs, a PI
+graph that keeps reading its placeholders is rejected even when they hold the inputs' values, and
+no reference output is alive while the variants are timed. The fake graphs replay by calling the
+callable on what they read (placeholders, or the fake plan's table); no CUDA is involved."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+import grace.decide
+from grace import stats
+from grace.capture import CapturedGraph, dense_view, placeholders_for
+from grace.options import GraceOptions
+from grace.runner import GraceRunner, GraphSlot, RunnerPlan
+from grace.scg import DecisionSource, Variant
+
+
+class FakePlan:
+    """A PI plan whose table maps input index -> the tensor the graph reads; ``stuck`` never rewrites it
+    (the graph keeps reading the placeholders, as a patch that did not take would)."""
+
+    def __init__(self, placeholders: Mapping[int, torch.Tensor], stuck: bool) -> None:
+        self.placeholders = dict(placeholders)
+        self.table = dict(placeholders)
+        self.stuck = stuck
+        self.updates: list[dict[int, int]] = []
+
+    @property
+    def uncovered_indices(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def bytes_per_replay(self) -> int:
+        return 8 * len(self.table)
+
+    @property
+    def stages(self) -> list[tuple[str, str, str]]:
+        return [("patch", "ok", "fake")]
+
+    def update(self, inputs: Sequence[Any]) -> bool:
+        self.updates.append({i: inputs[i].data_ptr() for i in self.placeholders})
+        if not self.stuck:
+            self.table = {i: inputs[i] for i in self.placeholders}
+        return True
+
+
+class FakeCudaGraph:
+    """Replays ``fn`` on the placeholders (or, with a plan, on what its table points at) into the
+    captured outputs."""
+
+    def __init__(self, fn: Any, args: Sequence[Any]) -> None:
+        self.fn = fn
+        self.args = list(args)
+        self.owner: CapturedGraph | None = None
+        self.replays = 0
+
+    def replay(self) -> None:
+        owner = self.owner
+        assert owner is not None
+        plan = owner.pi_plan
+        table = plan.table if isinstance(plan, FakePlan) else owner.placeholders
+        inputs = [table.get(i, a) for i, a in enumerate(self.args)]
+        for static, value in zip(owner.outputs, self.fn(*inputs), strict=True):
+            static.copy_(value)
+        self.replays += 1
+
+    def reset(self) -> None:
+        pass
+
+
+class Setup:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, stuck: bool = False) -> None:
+        self.captured: list[dict[int, torch.Tensor]] = []
+        self.plans: list[FakePlan] = []
+        self.compiled_outputs: list[weakref.ref[torch.Tensor]] = []
+        self.stuck = stuck
+        monkeypatch.setattr(grace.decide, "capture_graph", self.capture)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def compiled(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        out = x * 2 + y
+        self.compiled_outputs.append(weakref.ref(out))
+        return (out,)
+
+    def prepare(self, ctx: Any) -> FakePlan:
+        self.plans.append(FakePlan(ctx.placeholders, self.stuck))
+        return self.plans[-1]
+
+    def capture(
+        self,
+        fn: Any,
+        args: Sequence[Any],
+        *,
+        device: torch.device,
+        dynamic_indices: Sequence[int],
+        static_indices: Sequence[int],
+        mutated_indices: Sequence[int],
+        hooks: Sequence[Any] = (),
+        placeholders: Mapping[int, torch.Tensor] | None = None,
+    ) -> CapturedGraph:
+        held = placeholders_for(args, dynamic_indices, placeholders)
+        if placeholders is None:  # memory that happens to hold the inputs' values (reused from them)
+            for i, p in held.items():
+                p.copy_(args[i])
+        self.captured.append(held)
+        for hook in hooks:
+            hook(0x1000 + len(self.captured), held)
+        graph = FakeCudaGraph(self.compiled, args)
+        outputs = [torch.empty_like(o) for o in self.compiled(*args)]
+        captured = CapturedGraph(
+            graph=graph,
+            device=device,
+            placeholders=held,
+            copy_indices=tuple(sorted(held)),
+            mutated_indices=(),
+            outputs=outputs,  # type: ignore[arg-type]
+            output_container="tuple",
+            aliases=(),
+            static_indices=tuple(static_indices),
+            static_ptrs=[None] * len(args),
+            summary=None,
+            _dense_placeholders={i: dense_view(p) for i, p in held.items()},
+        )
+        graph.owner = captured
+        return captured
+
+    def slot(self, **options: Any) -> GraphSlot:
+        plan = RunnerPlan(
+            graph_hash="h",
+            device=torch.device("cpu"),
+            static_indices=(),
+            dynamic_indices=(0, 1),
+            scalar_indices=(),
+            pi_prepare=self.prepare,
+        )
+        values: dict[str, Any] = {"persist_decisions": False}
+        values.update(options)
+        runner = GraceRunner(self.compiled, plan, GraceOptions(**values), None)
+        return GraphSlot(runner, "sig")
+
+
+@pytest.fixture(autouse=True)
+def clean_stats() -> Iterator[None]:
+    stats.forget_all()
+    yield
+    stats.forget_all()
+
+
+def _inputs() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(64), torch.randn(64)]
+
+
+def test_pi_graph_is_captured_against_the_copies_graph_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    slot = setup.slot(scg=False)
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    copies, pi = setup.captured
+    assert set(copies) == set(pi) == {0, 1}
+    assert all(pi[i] is copies[i] for i in copies)  # one set of placeholders for both graphs
+    assert slot.record.variant == Variant.GRAPH_PI
+    assert slot.graph is not None and slot.graph.placeholders[0] is copies[0]
+
+
+def test_pi_new_address_check_runs_on_the_placeholders_not_on_clones(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    slot = setup.slot(scg=False)
+    args = _inputs()
+    grace.decide.decide(slot, args)
+    (plan,) = setup.plans
+    on_args = {i: a.data_ptr() for i, a in enumerate(args)}
+    on_placeholders = {i: p.data_ptr() for i, p in setup.captured[0].items()}
+    # the check's run, the run at new addresses, the table pointed back at the caller's inputs
+    assert plan.updates[:3] == [on_args, on_placeholders, on_args]
+    assert slot.decision is not None and slot.decision.numeric_checks["graph_pi"] == "pass"
+
+
+def test_a_pi_graph_reading_its_placeholders_fails_although_they_hold_the_inputs_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(monkeypatch, stuck=True)
+    slot = setup.slot(scg=False)
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert slot.decision is not None
+    assert "max abs difference" in slot.decision.numeric_checks["graph_pi"]
+    assert slot.decision.numeric_checks["graph_copies"] == "pass"
+    assert slot.record.variant == Variant.GRAPH_COPIES
+    assert "numeric_mismatch" in {r.code.value for r in slot.record.skip_reasons}
+
+
+def test_no_reference_output_is_alive_while_the_variants_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    alive_when_timed: list[bool] = []
+
+    def time_variants(runs: Mapping[Variant, Any], **kwargs: Any) -> dict[Variant, list[float]]:
+        gc.collect()
+        alive_when_timed.append(any(ref() is not None for ref in setup.compiled_outputs))
+        for run in runs.values():
+            run()
+        return {v: [1.0 if v == Variant.NO_GRAPH else 2.0] * 3 for v in runs}
+
+    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    slot = setup.slot()
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    assert alive_when_timed == [False]
+    assert slot.decision is not None and slot.decision.source == DecisionSource.PROFILED
+    assert slot.record.variant == Variant.NO_GRAPH
+    torch.testing.assert_close(out, args[0] * 2 + args[1])  # run again: the reference was dropped
+
+
+def test_without_a_passing_graph_the_reference_itself_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch, stuck=True)
+
+    def broken_copies(args: Sequence[Any], clone: bool) -> Any:
+        raise RuntimeError("replay failed on purpose")
+
+    monkeypatch.setattr(CapturedGraph, "run_with_copies", lambda self, a, c: broken_copies(a, c))
+    slot = setup.slot()
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    assert slot.decision is not None and slot.decision.source == DecisionSource.ONLY_CANDIDATE
+    reference = setup.compiled_outputs[2]()  # two captures, then the reference run
+    assert reference is out
+    torch.testing.assert_close(out, args[0] * 2 + args[1])

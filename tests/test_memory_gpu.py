@@ -1,0 +1,150 @@
+"""Peak CUDA memory of grace's first calls against PyTorch's cudagraph trees ("reduce-overhead"), on
+64 float32 inputs of 1M elements (U = 256 MiB), measured as suites/harness.py measures it: peak
+allocated during compile and warm-up (three calls, outputs dropped) above what was allocated before,
+the inputs included. The expected figures are derived in Note: [Deciding-call memory] (grace.decide).
+Numerics equal eager afterwards, also with the inputs at new addresses. All tests carry ``gpu``."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import grace
+from grace import stats
+from grace.backend import GraceBackend
+from grace.options import GraceOptions
+
+pytestmark = pytest.mark.gpu
+
+INPUTS = 64
+NUMEL = 1 << 20
+MIB = 1 << 20
+U = INPUTS * NUMEL * 4  # bytes of the dynamic inputs
+CALLS = 3  # compile + first run, deciding call / recording, first steady call / first replay
+SLACK = 32 * MIB  # comparison chunks, Inductor's autotuning copies, PI's pointer table
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    torch._dynamo.reset()
+    grace.reset()
+    stats.forget_all()
+    yield
+    torch._dynamo.reset()
+    grace.reset()
+
+
+def combine(*xs: torch.Tensor) -> torch.Tensor:
+    """One 4 MiB output from all 64 inputs (O = U / 64): one fused Triton kernel reads every input."""
+    acc = xs[0] * 0.5
+    for i, x in enumerate(xs[1:], start=1):
+        acc = acc + x * (1.0 + i / 64)
+    return torch.relu(acc)
+
+
+def each(*xs: torch.Tensor) -> list[torch.Tensor]:
+    """One 4 MiB output per input (O = U)."""
+    return [torch.relu(x * 2.0 + 1.0) for x in xs]
+
+
+def _inputs() -> list[torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(NUMEL, device="cuda", generator=gen) for _ in range(INPUTS)]
+
+
+def _peak(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> int:
+    """Peak allocated above the base during the first ``CALLS`` calls (suites/harness.py's window)."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        for _ in range(CALLS):
+            fn(*inputs)  # the output is dropped before the next call, as the harness does
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def _pt2cg_peak(f: Callable[..., Any], inputs: list[torch.Tensor]) -> int:
+    from torch._dynamo.utils import counters
+
+    skips_before = int(counters["inductor"].get("cudagraph_skips", 0))
+    peak = _peak(torch.compile(f, mode="reduce-overhead"), inputs)
+    assert int(counters["inductor"].get("cudagraph_skips", 0)) == skips_before, "pt2cg did not capture"
+    torch._dynamo.reset()  # also drops the cudagraph trees and their pool
+    gc.collect()
+    return peak
+
+
+def _grace(f: Callable[..., Any], tmp_path: Path) -> Callable[..., Any]:
+    # Default options; an empty decision cache, so the variants are captured, checked and timed.
+    return torch.compile(f, backend=GraceBackend(GraceOptions(cache_dir=str(tmp_path))))
+
+
+def _assert_same(got: Any, want: Any) -> None:
+    got_t = [got] if isinstance(got, torch.Tensor) else list(got)
+    want_t = [want] if isinstance(want, torch.Tensor) else list(want)
+    assert len(got_t) == len(want_t)
+    for g, w in zip(got_t, want_t, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def _check_numerics_after_moves(
+    compiled: Callable[..., Any], f: Callable[..., Any], inputs: list[torch.Tensor]
+) -> None:
+    with torch.no_grad():
+        _assert_same(compiled(*inputs), f(*inputs))
+        moved = [x.clone() for x in inputs]  # same values, new addresses
+        _assert_same(compiled(*moved), f(*moved))
+        del moved
+        fresh = [torch.randn_like(x) for x in inputs]  # new values, new addresses
+        for _ in range(2):
+            _assert_same(compiled(*fresh), f(*fresh))
+
+
+def _save(name: str, payload: dict[str, Any]) -> None:
+    directory = os.environ.get("GRACE_TEST_ARTIFACTS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str))
+
+
+def test_peak_within_10_percent_of_pt2cg_with_outputs_small_next_to_inputs(tmp_path: Path) -> None:
+    inputs = _inputs()
+    pt2cg = _pt2cg_peak(combine, inputs)
+    assert pt2cg >= U, f"pt2cg's peak {pt2cg / MIB:.0f} MiB is below its input copies: no graph recorded?"
+    compiled = _grace(combine, tmp_path)
+    peak = _peak(compiled, inputs)
+    snapshot = stats.snapshot()
+    _save("memory_combine", {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
+    assert peak <= 1.10 * pt2cg, (
+        f"grace {peak / MIB:.0f} MiB vs pt2cg {pt2cg / MIB:.0f} MiB ({peak / pt2cg:.2f}x); "
+        f"variants {[r['variant'] for r in snapshot]}"
+    )
+    _check_numerics_after_moves(compiled, combine, inputs)
+    assert any(r["decision"] is not None for r in stats.snapshot())
+
+
+def test_peak_with_outputs_as_large_as_inputs_is_the_derived_bound(tmp_path: Path) -> None:
+    """O = U: U + 3O + C (4U), down from 3U + 3O + C (6U). pt2cg reuses the memory of its input copies
+    for the outputs (about U): recorded, not asserted (the gap is structural, see the Note)."""
+    inputs = _inputs()
+    pt2cg = _pt2cg_peak(each, inputs)
+    compiled = _grace(each, tmp_path)
+    peak = _peak(compiled, inputs)
+    snapshot = stats.snapshot()
+    _save("memory_each", {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
+    output = U
+    assert peak <= U + 3 * output + SLACK, (
+        f"grace {peak / MIB:.0f} MiB, bound {(U + 3 * output + SLACK) / MIB:.0f} MiB "
+        f"(pt2cg {pt2cg / MIB:.0f} MiB); variants {[r['variant'] for r in snapshot]}"
+    )
+    _check_numerics_after_moves(compiled, each, inputs)
