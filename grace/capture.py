@@ -144,15 +144,17 @@ def placeholders_for(
 
 
 def poison_placeholders(placeholders: Mapping[int, torch.Tensor]) -> None:
-    """Fill the floating-point placeholders with NaN.
+    """Fill the placeholders with zeros.
 
     A graph reads a placeholder only after the runner copied the input into it, so this never changes
     a correct result; a graph that reads a placeholder it should not (a PI slot left at its capture
-    address) then yields NaN instead of the last copied values, and fails its numeric check.
+    address) then computes with zeros instead of the last copied values, and fails its numeric check
+    unless its output does not depend on that input. Zeros, not NaN: a broken graph that turns the value
+    into an index or a size must stay in bounds (a fault would end the process, not just the variant);
+    the first call at other addresses is verified against eager again (grace.verify).
     """
     for p in placeholders.values():
-        if p.dtype.is_floating_point or p.dtype.is_complex:
-            dense_view(p).fill_(float("nan"))
+        dense_view(p).zero_()
 
 
 @dataclass(frozen=True)

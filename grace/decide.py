@@ -9,7 +9,7 @@ Design (one call, on the caller's real inputs):
    ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``);
 2. run the no-graph callable as the reference, then each graph variant, restoring mutated inputs before
    each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
-   checked first, with NaN in the floating-point placeholders it shares with the copies graph, then
+   checked first, with zeros in the placeholders it shares with the copies graph, then
    again with its inputs at new addresses (the placeholders, holding the inputs' values);
 3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
@@ -307,7 +307,7 @@ def _check_variant(
     restore()
     if variant == Variant.GRAPH_PI:
         # A PI slot stuck at its capture address reads a placeholder; if that memory happens to hold the
-        # inputs' values (reused from them, or copied by the copies graph) it would pass. NaN fails it.
+        # inputs' values (reused from them, or copied by the copies graph) it would pass. Zeros fail it.
         poison_placeholders(graph.placeholders)
     try:
         out = _run_variant(slot, variant, graph, args)
