@@ -22,13 +22,17 @@ Invariants:
   deciding call captures the graph-with-copies and the PI graph against one set of placeholders
   (``capture_graph(..., placeholders=...)``), which halves the placeholder memory of a decision. Two
   graphs sharing placeholders must run one after the other on one stream (each replay copies what it
-  reads into them first), and a released graph drops only its references to them.
+  reads into them first), and a released graph drops only its references to them;
+- a graph captured on the caller's own inputs (``borrow_inputs``, option ``pi_direct``) keeps no
+  reference to them: it has no placeholders until a call needs one (``CapturedGraph.own_placeholders``),
+  and nothing is ever copied into an input of the capturing call.
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
 the pointer table now points at ``inputs`` for every index not in ``plan.uncovered_indices`` (those are
 still copied into their placeholders); False means the plan has pointed every slot at its placeholder and
-the runner copies all dynamic inputs this call.
+the runner copies all dynamic inputs this call. A plan of a graph captured on the caller's inputs also
+has ``rebase_placeholders(addresses)``: the runner calls it when such a graph first needs placeholders.
 """
 
 from __future__ import annotations
@@ -185,6 +189,22 @@ class CapturedGraph:
     copy_bytes: int = 0
     pi_plan: PIPlan | None = None
     _dense_placeholders: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Captured on the caller's inputs: no placeholders yet; the layouts to make them from when needed.
+    borrowed: bool = False
+    _layouts: dict[int, tuple[torch.Size, tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+
+    def own_placeholders(self) -> dict[int, int]:
+        """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses.
+
+        Only a graph whose every read of a dynamic input goes through PI's table may lack them (nothing
+        in it reads a captured address), so the new ones serve every later copy."""
+        self.placeholders = {
+            i: torch.empty_strided(size, stride, dtype=dtype, device=self.device)
+            for i, (size, stride, dtype) in self._layouts.items()
+        }
+        self._dense_placeholders = {i: dense_view(p) for i, p in self.placeholders.items()}
+        self.borrowed = False
+        return {i: int(p.data_ptr()) for i, p in self.placeholders.items()}
 
     def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
         return torch_compat.data_ptrs_equal(args, self.static_ptrs, self.static_indices)
@@ -221,15 +241,17 @@ class CapturedGraph:
     def run_with_pi(self, args: Sequence[Any], clone: bool) -> Any:
         plan = self.pi_plan
         assert plan is not None
-        if plan.update(args):
-            uncovered = plan.uncovered_indices
-            self.copy_in(args, uncovered)
-            self.graph.replay()
-            self.copy_back(args, [i for i in self.mutated_indices if i in uncovered])
-        else:
-            self.copy_in(args, self.copy_indices)
-            self.graph.replay()
-            self.copy_back(args, self.mutated_indices)
+        copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
+        if copied and self.borrowed:
+            rebase = getattr(plan, "rebase_placeholders", None)
+            if not callable(rebase):
+                raise RuntimeError("a graph captured on the caller's inputs needs a plan that can rebase")
+            rebase(self.own_placeholders())
+            copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
+        self.copy_in(args, copied)
+        self.graph.replay()
+        if self.mutated_indices:
+            self.copy_back(args, [i for i in self.mutated_indices if i in copied])
         return self.collect_outputs(args, clone)
 
     def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
@@ -321,12 +343,21 @@ def capture_graph(
     mutated_indices: Sequence[int],
     hooks: Sequence[GraphHook] = (),
     placeholders: Mapping[int, torch.Tensor] | None = None,
+    borrow_inputs: bool = False,
 ) -> CapturedGraph:
     """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
 
     ``placeholders``: those of another graph of the same inputs, to read from instead of fresh ones
-    (see the invariants above and ``placeholders_for``).
+    (see the invariants above and ``placeholders_for``). ``borrow_inputs``: capture on the inputs
+    themselves (the hooks see them as the placeholders) and return a graph without placeholders
+    (``CapturedGraph.borrowed``); only for a graph whose hooks redirect every read of them (PI), and only
+    where ``borrow_blocker`` finds nothing. An output that views an input raises ``CaptureError``.
     """
+    if borrow_inputs:
+        blocker = borrow_blocker(args, dynamic_indices, static_indices)
+        if blocker:
+            raise CaptureError(SkipReason(SkipCode.PI_DIRECT_DECLINED, blocker))
+        placeholders = {i: args[i] for i in dynamic_indices}
     placeholders = placeholders_for(args, dynamic_indices, placeholders)
     capture_args = list(args)
     for i, placeholder in placeholders.items():
@@ -386,6 +417,9 @@ def capture_graph(
         container, out_list = "single", [outputs]
     try:
         aliases = _find_aliases(out_list, placeholders, device)
+        if borrow_inputs and aliases:
+            why = f"output {aliases[0].position} views input {aliases[0].input_index}"
+            raise CaptureError(SkipReason(SkipCode.PI_DIRECT_DECLINED, why))
     except CaptureError:
         _discard(graph)
         raise
@@ -393,10 +427,11 @@ def capture_graph(
     for i in static_indices:
         static_ptrs[i] = args[i].data_ptr()
     copy_indices = tuple(sorted(placeholders))
+    layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
     return CapturedGraph(
         graph=graph,
         device=device,
-        placeholders=placeholders,
+        placeholders={} if borrow_inputs else placeholders,
         copy_indices=copy_indices,
         mutated_indices=tuple(i for i in mutated_indices if i in placeholders),
         outputs=out_list,
@@ -406,8 +441,35 @@ def capture_graph(
         static_ptrs=static_ptrs,
         summary=None,
         copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
-        _dense_placeholders={i: dense_view(p) for i, p in placeholders.items()},
+        _dense_placeholders={} if borrow_inputs else {i: dense_view(p) for i, p in placeholders.items()},
+        borrowed=borrow_inputs,
+        _layouts=layouts,
     )
+
+
+def borrow_blocker(args: Sequence[Any], dynamic_indices: Sequence[int], static_indices: Sequence[int]) -> str:
+    """Why a capture may not read the dynamic inputs in place (empty when it may).
+
+    PI tells an input's uses apart by the address range of its storage, and output aliases are found by
+    storage: two dynamic inputs that share a storage, or one that shares a static input's, would be
+    confused."""
+    owner: dict[int, int] = {}
+    for i in dynamic_indices:
+        t = args[i]
+        if not isinstance(t, torch.Tensor):
+            return f"input {i} is not a tensor"
+        key = _storage_ptr(t)
+        if key in owner:
+            return f"inputs {owner[key]} and {i} share a storage"
+        owner[key] = i
+    for i in static_indices:
+        t = args[i]
+        if isinstance(t, torch.Tensor) and _storage_ptr(t) in owner:
+            return f"input {owner[_storage_ptr(t)]} shares a storage with static input {i}"
+    for i in dynamic_indices:
+        if not args[i].is_cuda:
+            return f"input {i} is not a CUDA tensor"
+    return ""
 
 
 def _run_hooks(

@@ -6,7 +6,9 @@ variants it drops.
 
 Design (one call, on the caller's real inputs):
 1. capture the graph-with-copies variant and, when PI is enabled and usable, a second graph that
-   ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``);
+   ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``). With option
+   ``pi_direct``, first the PI graph alone, captured on the caller's inputs; it stands alone when its
+   PI serves every dynamic input, else the two usual graphs are captured;
 2. run the no-graph callable as the reference, then each graph variant, restoring mutated inputs before
    each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
    checked first, with zeros in the placeholders it shares with the copies graph, then
@@ -65,6 +67,16 @@ U), and the PI graph has outputs of its own while both graphs are timed. Closing
 allocated in the graph's pool and released during capture as cudagraph trees do (which PI's address
 matching must then tell apart from outputs reusing those addresses), and one capture instantiated
 twice (copies and PI) so that the two variants share outputs and intermediates.
+
+Option ``pi_direct`` removes the placeholders from the decision: the PI graph is captured on the
+caller's inputs (they are alive anyway) and, when its PI serves every dynamic input, it is the only
+graph captured. Peak: the graph's outputs O in its pool plus one no-graph output O (the reference, or
+a timed no-graph run, or the verification's reference): 2O + max(C, W), no U term. For the suites'
+elementwise_64x1m (one input, one output of the same size) that is 2U, against pt2cg's U + O = 2U
+while its one kernel reads its copy of the input and writes its output. A graph captured this way has
+no placeholders to run at new addresses during the decision; the runner compares its first call at
+other addresses with the no-graph callable (grace.verify), and a failed PI check there or here falls
+back to the graph with copies (here) or to no graph (there).
 """
 
 from __future__ import annotations
@@ -118,12 +130,24 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
             dense_view(args[i]).copy_(dense_view(saved))
 
     graphs = _capture_variants(slot, args, mutated)
+    direct = any(g.borrowed for g in graphs.values())
 
     restore()
     reference: Any = runner.compiled(*args)
     reference_state = [args[i].clone() for i in mutated]
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
+
+    def keep_if_it_passes(variant: Variant, graph: CapturedGraph, problem: str | None) -> None:
+        checks[variant.value] = problem or "pass"
+        if problem is None:
+            candidates.append(variant)
+            return
+        code = SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
+        record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
+        graph.release()
+        del graphs[variant]
+
     # PI first: the placeholders it shares with the copies graph hold no copied input yet.
     problems = {
         variant: _check_variant(
@@ -132,17 +156,16 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         for variant in sorted(graphs, key=_CHECK_ORDER.index)
     }
     for variant, graph in list(graphs.items()):
-        problem = problems[variant]
-        checks[variant.value] = problem or "pass"
-        if problem is None:
-            candidates.append(variant)
-        else:
-            code = (
-                SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
+        keep_if_it_passes(variant, graph, problems[variant])
+    if direct and len(candidates) == 1:
+        # The PI graph read on the caller's inputs failed: the graph with copies is the other graph.
+        copies = _capture_copies(slot, args, mutated)
+        if copies is not None:
+            graphs[Variant.GRAPH_COPIES] = copies
+            problem = _check_variant(
+                slot, Variant.GRAPH_COPIES, copies, args, reference, reference_state, mutated, restore
             )
-            record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
-            graph.release()
-            del graphs[variant]
+            keep_if_it_passes(Variant.GRAPH_COPIES, copies, problem)
     if len(candidates) > 1:
         # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed.
         reference = None
@@ -179,27 +202,42 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
 def _capture_variants(
     slot: GraphSlot, args: Sequence[Any], mutated: list[int]
 ) -> dict[Variant, CapturedGraph]:
+    """The graph variants to check: with copies and with PI; or, under option ``pi_direct``, only the PI
+    graph captured on the caller's inputs when its PI serves every dynamic input."""
+    try_pi = _pi_wanted(slot)
+    if try_pi and slot.runner.options.pi_direct:
+        direct = _capture_pi(slot, args, mutated, borrow=True)
+        if direct is not None:
+            return {Variant.GRAPH_PI: direct}
+    copies = _capture_copies(slot, args, mutated)
+    if copies is None:
+        return {}
+    graphs = {Variant.GRAPH_COPIES: copies}
+    if try_pi:
+        pi_graph = _capture_pi(slot, args, mutated, shared=copies.placeholders)
+        if pi_graph is not None:
+            graphs[Variant.GRAPH_PI] = pi_graph
+    return graphs
+
+
+def _pi_wanted(slot: GraphSlot) -> bool:
+    """Whether to capture a PI graph; records why not where PI was asked for and cannot be used."""
     runner = slot.runner
     plan = runner.plan
-    record = slot.record
-    device = plan.device
-    assert device is not None
-    graphs: dict[Variant, CapturedGraph] = {}
+    if not runner.options.pi:
+        return False
+    if plan.pi_prepare is None:
+        if plan.pi_unavailable is not None:
+            slot.record.add_skip(plan.pi_unavailable)
+        return False
+    if not plan.dynamic_indices:
+        slot.record.add_skip(SkipReason(SkipCode.PI_NO_DYNAMIC_INPUTS, "every tensor input is static"))
+        return False
+    return True
 
-    sink: dict[str, Any] = {}
-    try:
-        graphs[Variant.GRAPH_COPIES] = capture_graph(
-            runner.compiled,
-            args,
-            device=device,
-            dynamic_indices=plan.dynamic_indices,
-            static_indices=plan.static_indices,
-            mutated_indices=mutated,
-            hooks=[summary_hook(sink)],
-        )
-    except CaptureError as exc:
-        _decline(slot, exc.reason)
-        return graphs
+
+def _record_summary(slot: GraphSlot, sink: dict[str, Any]) -> None:
+    record = slot.record
     summary = sink.get("summary")
     if summary is not None:
         record.kernel_nodes = summary.kernel_nodes
@@ -208,18 +246,48 @@ def _capture_variants(
     elif "summary_error" in sink:
         logger.debug("grace: no node counts for %s: %s", record.graph_id, sink["summary_error"])
 
-    if not runner.options.pi:
-        return graphs
-    if plan.pi_prepare is None:
-        if plan.pi_unavailable is not None:
-            record.add_skip(plan.pi_unavailable)
-        return graphs
-    if not plan.dynamic_indices:
-        record.add_skip(SkipReason(SkipCode.PI_NO_DYNAMIC_INPUTS, "every tensor input is static"))
-        return graphs
 
+def _capture_copies(slot: GraphSlot, args: Sequence[Any], mutated: list[int]) -> CapturedGraph | None:
+    runner = slot.runner
+    plan = runner.plan
+    assert plan.device is not None
+    sink: dict[str, Any] = {}
+    try:
+        graph = capture_graph(
+            runner.compiled,
+            args,
+            device=plan.device,
+            dynamic_indices=plan.dynamic_indices,
+            static_indices=plan.static_indices,
+            mutated_indices=mutated,
+            hooks=[summary_hook(sink)],
+        )
+    except CaptureError as exc:
+        _decline(slot, exc.reason)
+        return None
+    _record_summary(slot, sink)
+    return graph
+
+
+def _capture_pi(
+    slot: GraphSlot,
+    args: Sequence[Any],
+    mutated: list[int],
+    *,
+    borrow: bool = False,
+    shared: dict[int, torch.Tensor] | None = None,
+) -> CapturedGraph | None:
+    """The PI graph, read from ``shared`` placeholders or (``borrow``) from the caller's inputs; None with
+    the reason recorded when PI cannot serve it (a borrowed capture also when one input keeps a copy)."""
+    runner = slot.runner
+    plan = runner.plan
+    record = slot.record
+    device = plan.device
+    assert device is not None
     holder: dict[str, Any] = {}
     prepare = plan.pi_prepare
+    assert prepare is not None
+    sink: dict[str, Any] = {}
 
     def pi_hook(handle: int, placeholders: Any) -> None:
         ctx = CaptureContext(
@@ -245,12 +313,16 @@ def _capture_variants(
             dynamic_indices=plan.dynamic_indices,
             static_indices=plan.static_indices,
             mutated_indices=mutated,
-            hooks=[pi_hook],
-            placeholders=graphs[Variant.GRAPH_COPIES].placeholders,  # Note: [Deciding-call memory]
+            hooks=[summary_hook(sink), pi_hook] if borrow else [pi_hook],
+            placeholders=shared,  # Note: [Deciding-call memory]
+            borrow_inputs=borrow,
         )
     except CaptureError as exc:
-        record.add_skip(SkipReason(SkipCode.PI_FAILED, f"capture for PI: {exc.reason}"))
-        return graphs
+        if borrow:
+            record.add_skip(SkipReason(SkipCode.PI_DIRECT_DECLINED, f"capture: {exc.reason}"))
+        else:
+            record.add_skip(SkipReason(SkipCode.PI_FAILED, f"capture for PI: {exc.reason}"))
+        return None
     result = holder.get("result")
     if result is None or isinstance(result, SkipReason):
         reason = (
@@ -258,10 +330,25 @@ def _capture_variants(
             if isinstance(result, SkipReason)
             else SkipReason(SkipCode.PI_FAILED, "prepare returned nothing")
         )
+        if borrow:  # the capture with placeholders tries again, and records its own reason
+            reason = SkipReason(SkipCode.PI_DIRECT_DECLINED, str(reason))
         record.add_skip(reason)
         log_once(reason, f"graph {record.graph_id} (PI)")
         pi_graph.release()
-        return graphs
+        return None
+    uncovered = tuple(getattr(result, "uncovered_indices", ()))
+    if borrow and uncovered:
+        # Such an input is read at its capture address: the caller's tensor, which must never be
+        # copied into. Capture again with placeholders.
+        why = "; ".join(
+            f"input {i}: {r}" for i, r in sorted(getattr(result, "uncovered_reasons", {}).items())
+        )
+        record.add_skip(
+            SkipReason(SkipCode.PI_DIRECT_DECLINED, f"inputs {list(uncovered)} keep a copy ({why})")
+        )
+        _release_plan(result)
+        pi_graph.release()
+        return None
     pi_graph.pi_plan = result
     prepare_launch = getattr(result, "prepare_launch", None)
     if callable(prepare_launch):
@@ -274,11 +361,21 @@ def _capture_variants(
                 SkipReason(SkipCode.PI_FAILED, f"preparing the first launch: {type(exc).__name__}: {exc}")
             )
             pi_graph.release()
-            return graphs
+            return None
+    if borrow:
+        _record_summary(slot, sink)
     record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
     record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
-    graphs[Variant.GRAPH_PI] = pi_graph
-    return graphs
+    return pi_graph
+
+
+def _release_plan(plan: Any) -> None:
+    release = getattr(plan, "release", None)
+    if callable(release):
+        try:
+            release()
+        except Exception:  # releasing must not raise out of a decision
+            logger.debug("grace: PI plan release failed", exc_info=True)
 
 
 def _decline(slot: GraphSlot, reason: SkipReason) -> None:
@@ -319,10 +416,12 @@ def _check_variant(
         problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input")
     if problem is None:
         problem = graph_health(graph)
-    if problem is None and variant == Variant.GRAPH_PI and not mutated:
+    if problem is None and variant == Variant.GRAPH_PI and not mutated and not graph.borrowed:
         # PI must follow inputs to new addresses: run again on the same values elsewhere. The
         # placeholders are such a place (other addresses than ``args``, the inputs' exact layout), so
-        # no clone of the inputs is made (Note: [Deciding-call memory]).
+        # no clone of the inputs is made (Note: [Deciding-call memory]). A graph captured on the
+        # caller's inputs has none: its first call at other addresses is compared with the no-graph
+        # callable by the runner (grace.verify), as every kept graph's is.
         graph.copy_in(args, graph.copy_indices)
         moved = list(args)
         for i in graph.copy_indices:

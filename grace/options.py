@@ -41,6 +41,12 @@ class GraceOptions:
             travels with the launch (``grace.pi.fill``). Where ``"node"`` cannot be used (too many
             slots, no NVRTC, a torch without an executable graph handle) the copy serves the table and
             the PI stage ``table`` says why.
+        pi_direct: capture the PI graph on the caller's own inputs, with no placeholders, and do not
+            capture the graph-with-copies variant when that graph's PI serves every dynamic input: the
+            decision then holds no copy of the inputs (placeholders are allocated only if a later call
+            needs a copy, e.g. an input that breaks a kernel's alignment). When a dynamic input cannot be
+            served (or two inputs share a storage, or an output views an input) the usual two variants
+            are captured instead; the skip reason ``pi_direct_declined`` says why.
         scg: selective CUDA graphs: time the variants and keep the fastest one. False always keeps a
             graph when one could be captured and passed its numeric check (PI if it works, else copies).
         scg_samples: timed samples per variant (median taken); at least 3.
@@ -66,6 +72,7 @@ class GraceOptions:
     cgct: bool = True
     pi: bool = True
     pi_table_update: str = "copy"
+    pi_direct: bool = False
     scg: bool = True
     scg_samples: int = 15
     scg_warmup: int = 2
@@ -82,6 +89,7 @@ class GraceOptions:
             "cuda_graphs",
             "cgct",
             "pi",
+            "pi_direct",
             "scg",
             "persist_decisions",
             "clone_outputs",

@@ -59,6 +59,7 @@ class SkipCode(str, enum.Enum):
     PI_PATCH_FAILED = "pi_patch_failed"
     PI_ALIGNMENT = "pi_alignment"
     PI_NO_DYNAMIC_INPUTS = "pi_no_dynamic_inputs"
+    PI_DIRECT_DECLINED = "pi_direct_declined"  # option pi_direct: the PI graph needs placeholders after all
 
 
 @dataclass(frozen=True)

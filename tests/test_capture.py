@@ -3,10 +3,12 @@ inputs (with their layout checked), and zero poisoning of placeholders."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from grace.capture import placeholders_for, poison_placeholders
+from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
 
 
 def test_fresh_placeholders_have_the_inputs_layout_at_other_addresses() -> None:
@@ -59,3 +61,79 @@ def test_poison_zeroes_every_placeholder() -> None:
     poison_placeholders({0: floats, 1: broadcast, 2: complex_, 3: ints})
     for t in (floats, broadcast, complex_, ints):
         assert not t.any()
+
+
+# --- graphs captured on the caller's inputs (option pi_direct) ----------------------------------------
+
+
+def test_borrowing_needs_one_storage_per_input_and_cuda_tensors() -> None:
+    base = torch.zeros(8)
+    assert borrow_blocker([base[:4], base[4:]], (0, 1), ()) == "inputs 0 and 1 share a storage"
+    weight = torch.zeros(4)
+    assert borrow_blocker([weight, weight[:2]], (1,), (0,)) == "input 1 shares a storage with static input 0"
+    assert borrow_blocker([torch.zeros(2), 3], (0, 1), ()) == "input 1 is not a tensor"
+    assert borrow_blocker([torch.zeros(2), torch.zeros(2)], (0, 1), ()) == "input 0 is not a CUDA tensor"
+
+
+class _FakeReplay:
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+class _CopyingPlan:
+    """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies input 1 (an alignment
+    fallback): ``update`` says so through ``uncovered_indices``."""
+
+    def __init__(self, copy_from: int) -> None:
+        self.calls = 0
+        self.copy_from = copy_from
+        self.rebased: list[dict[int, int]] = []
+        self.uncovered_indices: tuple[int, ...] = ()
+
+    def update(self, inputs: Any) -> bool:
+        self.calls += 1
+        self.uncovered_indices = (1,) if self.calls >= self.copy_from else ()
+        return True
+
+    def rebase_placeholders(self, addresses: dict[int, int]) -> None:
+        self.rebased.append(addresses)
+
+
+def _borrowed_graph(plan: Any, capture_args: list[torch.Tensor]) -> CapturedGraph:
+    return CapturedGraph(
+        graph=_FakeReplay(),
+        device=torch.device("cpu"),
+        placeholders={},
+        copy_indices=(0, 1),
+        mutated_indices=(),
+        outputs=[torch.zeros(3)],
+        output_container="single",
+        aliases=(),
+        static_indices=(),
+        static_ptrs=[None, None],
+        summary=None,
+        pi_plan=plan,
+        borrowed=True,
+        _layouts={i: (t.size(), tuple(t.stride()), t.dtype) for i, t in enumerate(capture_args)},
+    )
+
+
+def test_a_borrowed_graph_gets_its_own_placeholders_when_a_call_needs_a_copy() -> None:
+    capture_args = [torch.zeros(3), torch.zeros(2, 3).t()]
+    plan = _CopyingPlan(copy_from=2)
+    graph = _borrowed_graph(plan, capture_args)
+    first = [torch.ones(3), torch.ones(2, 3).t()]
+    graph.run_with_pi(first, clone=False)
+    assert graph.borrowed and graph.placeholders == {} and plan.rebased == []
+    later = [torch.full((3,), 2.0), torch.full((2, 3), 5.0).t()]
+    graph.run_with_pi(later, clone=False)
+    assert not graph.borrowed and set(graph.placeholders) == {0, 1}
+    (rebased,) = plan.rebased
+    assert rebased == {i: p.data_ptr() for i, p in graph.placeholders.items()}
+    assert graph.placeholders[1].stride() == later[1].stride()
+    torch.testing.assert_close(graph.placeholders[1], later[1])  # the copy went to the new placeholder
+    assert not capture_args[0].any() and not capture_args[1].any()  # never into the capturing inputs
+    assert plan.calls == 3  # the update that found the copy ran again after the rebase

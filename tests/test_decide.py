@@ -26,15 +26,23 @@ class FakePlan:
     """A PI plan whose table maps input index -> the tensor the graph reads; ``stuck`` never rewrites it
     (the graph keeps reading the placeholders, as a patch that did not take would)."""
 
-    def __init__(self, placeholders: Mapping[int, torch.Tensor], stuck: bool) -> None:
+    def __init__(
+        self, placeholders: Mapping[int, torch.Tensor], stuck: bool, uncovered: tuple[int, ...] = ()
+    ) -> None:
         self.placeholders = dict(placeholders)
         self.table = dict(placeholders)
         self.stuck = stuck
+        self.uncovered = uncovered
+        self.uncovered_reasons = dict.fromkeys(uncovered, "a memcpy node reads it")
         self.updates: list[dict[int, int]] = []
+        self.released = False
 
     @property
     def uncovered_indices(self) -> tuple[int, ...]:
-        return ()
+        return self.uncovered
+
+    def release(self) -> None:
+        self.released = True
 
     @property
     def bytes_per_replay(self) -> int:
@@ -76,11 +84,18 @@ class FakeCudaGraph:
 
 
 class Setup:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, stuck: bool = False) -> None:
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        stuck: bool = False,
+        uncovered_when_borrowed: tuple[int, ...] = (),
+    ) -> None:
         self.captured: list[dict[int, torch.Tensor]] = []
+        self.borrowed: list[bool] = []
         self.plans: list[FakePlan] = []
         self.compiled_outputs: list[weakref.ref[torch.Tensor]] = []
         self.stuck = stuck
+        self.uncovered_when_borrowed = uncovered_when_borrowed
         monkeypatch.setattr(grace.decide, "capture_graph", self.capture)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
 
@@ -90,7 +105,8 @@ class Setup:
         return (out,)
 
     def prepare(self, ctx: Any) -> FakePlan:
-        self.plans.append(FakePlan(ctx.placeholders, self.stuck))
+        uncovered = self.uncovered_when_borrowed if self.borrowed[-1] else ()
+        self.plans.append(FakePlan(ctx.placeholders, self.stuck, uncovered))
         return self.plans[-1]
 
     def capture(
@@ -104,12 +120,17 @@ class Setup:
         mutated_indices: Sequence[int],
         hooks: Sequence[Any] = (),
         placeholders: Mapping[int, torch.Tensor] | None = None,
+        borrow_inputs: bool = False,
     ) -> CapturedGraph:
-        held = placeholders_for(args, dynamic_indices, placeholders)
-        if placeholders is None:  # memory that happens to hold the inputs' values (reused from them)
-            for i, p in held.items():
-                p.copy_(args[i])
+        if borrow_inputs:
+            held = {i: args[i] for i in dynamic_indices}
+        else:
+            held = placeholders_for(args, dynamic_indices, placeholders)
+            if placeholders is None:  # memory that happens to hold the inputs' values (reused from them)
+                for i, p in held.items():
+                    p.copy_(args[i])
         self.captured.append(held)
+        self.borrowed.append(borrow_inputs)
         for hook in hooks:
             hook(0x1000 + len(self.captured), held)
         graph = FakeCudaGraph(self.compiled, args)
@@ -126,8 +147,12 @@ class Setup:
             static_indices=tuple(static_indices),
             static_ptrs=[None] * len(args),
             summary=None,
-            _dense_placeholders={i: dense_view(p) for i, p in held.items()},
+            _dense_placeholders={} if borrow_inputs else {i: dense_view(p) for i, p in held.items()},
+            borrowed=borrow_inputs,
+            _layouts={i: (p.size(), tuple(p.stride()), p.dtype) for i, p in held.items()},
         )
+        if borrow_inputs:
+            captured.placeholders = {}
         graph.owner = captured
         return captured
 
@@ -234,3 +259,86 @@ def test_without_a_passing_graph_the_reference_itself_is_returned(monkeypatch: p
     reference = setup.compiled_outputs[2]()  # two captures, then the reference run
     assert reference is out
     torch.testing.assert_close(out, args[0] * 2 + args[1])
+
+
+# --- option pi_direct: the PI graph captured on the caller's inputs ---------------------------------
+
+
+def test_direct_pi_is_one_capture_on_the_inputs_without_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    slot = setup.slot(scg=False, pi_direct=True)
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert setup.borrowed == [True]  # no graph with copies was captured
+    (held,) = setup.captured
+    assert held[0] is args[0] and held[1] is args[1]
+    assert slot.record.variant == Variant.GRAPH_PI
+    graph = slot.graph
+    assert graph is not None and graph.borrowed and graph.placeholders == {}
+    assert slot.decision is not None and slot.decision.numeric_checks == {
+        "no_graph": "reference",
+        "graph_pi": "pass",
+    }
+    # no new-address run at the decision (there are no placeholders to move to): the runner's check of
+    # the first call elsewhere is armed instead
+    (plan,) = setup.plans
+    assert plan.updates[0] == {i: a.data_ptr() for i, a in enumerate(args)}
+    assert slot.verify_ptrs is not None
+
+
+def test_direct_pi_with_an_input_that_keeps_a_copy_captures_the_two_usual_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(monkeypatch, uncovered_when_borrowed=(1,))
+    slot = setup.slot(scg=False, pi_direct=True)
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert setup.borrowed == [True, False, False]
+    assert setup.plans[0].released  # the declined plan let go of its table
+    declined = [r for r in slot.record.skip_reasons if r.code.value == "pi_direct_declined"]
+    assert len(declined) == 1 and "inputs [1] keep a copy" in declined[0].detail
+    assert "a memcpy node reads it" in declined[0].detail
+    assert slot.record.variant == Variant.GRAPH_PI
+    assert slot.graph is not None and not slot.graph.borrowed and set(slot.graph.placeholders) == {0, 1}
+
+
+def test_a_direct_pi_graph_that_fails_its_check_leaves_the_graph_with_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(monkeypatch)
+    slot = setup.slot(scg=False, pi_direct=True)
+    args = _inputs()
+
+    def broken(self: FakePlan, inputs: Sequence[Any]) -> bool:  # points the table at the wrong input
+        self.updates.append({})
+        self.table = {0: inputs[1], 1: inputs[0]}
+        return True
+
+    monkeypatch.setattr(FakePlan, "update", broken)
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert setup.borrowed == [True, False]
+    assert slot.decision is not None
+    assert "max abs difference" in slot.decision.numeric_checks["graph_pi"]
+    assert slot.decision.numeric_checks["graph_copies"] == "pass"
+    assert slot.record.variant == Variant.GRAPH_COPIES
+
+
+def test_a_stuck_direct_graph_is_caught_by_the_first_call_at_other_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the capture addresses a stuck graph reads the right values: the decision keeps it, and the
+    runner's comparison of the first call elsewhere returns the no-graph result and drops the graph."""
+    setup = Setup(monkeypatch, stuck=True)
+    slot = setup.slot(scg=False, pi_direct=True)
+    args = _inputs()
+    grace.decide.decide(slot, args)
+    assert slot.record.variant == Variant.GRAPH_PI
+    slot.run(args)  # the second verified replay, same addresses
+    elsewhere = [a + 1 for a in args]
+    (out,) = slot.run(elsewhere)
+    torch.testing.assert_close(out, elsewhere[0] * 2 + elsewhere[1])
+    assert slot.record.variant == Variant.NO_GRAPH
+    assert "numeric_mismatch" in {r.code.value for r in slot.record.skip_reasons}

@@ -148,3 +148,30 @@ def test_peak_with_outputs_as_large_as_inputs_is_the_derived_bound(tmp_path: Pat
         f"(pt2cg {pt2cg / MIB:.0f} MiB); variants {[r['variant'] for r in snapshot]}"
     )
     _check_numerics_after_moves(compiled, each, inputs)
+
+
+def three_elementwise(x: torch.Tensor) -> torch.Tensor:
+    """The suites' elementwise_64x1m: one 256 MiB input, one 256 MiB output (O = U)."""
+    return torch.relu(x * 2.0 + 1.0)
+
+
+def test_direct_pi_peak_within_10_percent_of_pt2cg_on_the_64x1m_workload(tmp_path: Path) -> None:
+    """Option pi_direct: the PI graph is captured on the input itself and no graph with copies is made,
+    so the decision holds the graph's output and the no-graph reference (2O); pt2cg holds its copy of
+    the input and its output while its one kernel runs (U + O)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [torch.randn(INPUTS, NUMEL, device="cuda", generator=gen)]
+    pt2cg = _pt2cg_peak(three_elementwise, inputs)
+    options = GraceOptions(cache_dir=str(tmp_path), pi_direct=True)
+    compiled = torch.compile(three_elementwise, backend=GraceBackend(options))
+    peak = _peak(compiled, inputs)
+    snapshot = stats.snapshot()
+    _save("memory_64x1m_direct", {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
+    graph_pi = [r for r in snapshot if r["variant"] == "graph_pi"]
+    assert graph_pi, f"PI was not kept: {[(r['variant'], r['skip_reasons']) for r in snapshot]}"
+    assert not any(s["code"] == "pi_direct_declined" for r in snapshot for s in r["skip_reasons"])
+    assert peak <= 1.10 * pt2cg, (
+        f"grace {peak / MIB:.0f} MiB vs pt2cg {pt2cg / MIB:.0f} MiB ({peak / pt2cg:.2f}x)"
+    )
+    _check_numerics_after_moves(compiled, three_elementwise, inputs)
+    assert {r["variant"] for r in stats.snapshot()} == {"graph_pi"}  # the moved inputs kept it

@@ -133,6 +133,12 @@ class PiPlan:
         self._uncovered = tuple(sorted(uncovered))
         return True
 
+    def rebase_placeholders(self, addresses: dict[int, int]) -> None:
+        """The placeholders now sit at ``addresses`` (a graph captured on the caller's inputs got its own:
+        ``CapturedGraph.own_placeholders``); slots that read a placeholder point there from now on."""
+        self._placeholders.update(addresses)
+        self._calls = _CallPlan.of(self._slots, self._placeholders, self._dynamic, self._static_uncovered)
+
     def _all_placeholders(self) -> bool:
         self._table.write([self._placeholders[s.index] + s.delta for s in self._slots])
         self._uncovered = tuple(sorted(self._dynamic))
