@@ -32,6 +32,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run in one pytest-xdist worker (--dist loadgroup)")
     config.stash[_STARTED] = set()
     config.stash[_T0] = time.monotonic()
+    try:
+        overrides = dict(SuiteOptions.from_config(config).grace_options)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    if overrides:  # only then is grace (and torch) imported here
+        from suites.modes import set_grace_overrides
+
+        try:
+            set_grace_overrides(overrides)
+        except Exception as exc:
+            raise pytest.UsageError(f"--grace-option: {exc}") from exc
 
 
 _STARTED = pytest.StashKey[set[str]]()

@@ -23,7 +23,7 @@ import torch
 from suites import grace_stats
 from suites.accuracy import Figures, ToleranceTable, compare, judge, judge_moved
 from suites.harness import CompiledMode, Failure, PreparedWorkload, describe, failure_of
-from suites.modes import GRACE_MODES, SPECS, Mode
+from suites.modes import GRACE_MODES, SPECS, Mode, override_details
 from suites.records import CorrectnessRecord, CorrectnessStatus, DiagnosticRecord
 from suites.tensors import Leaves, clone_inputs, variant_inputs
 
@@ -138,6 +138,7 @@ def _mode_details(entry: CompiledMode) -> dict[str, Any]:
         "peak_mem_bytes": entry.peak_mem_bytes,
         "resident_mem_bytes": entry.resident_mem_bytes,
         **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
+        **override_details(entry.mode),
     }
 
 

@@ -146,6 +146,26 @@ def prepare_dynamo() -> None:
             setattr(dynamo_config, name, DYNAMO_CACHE_LIMIT)
 
 
+_grace_overrides: dict[str, Any] = {}
+
+
+def set_grace_overrides(overrides: dict[str, Any]) -> None:
+    """GraceOptions fields every grace mode takes over its own (``--grace-option``); checked here so that
+    a wrong key or value stops the run before any workload, with GraceOptions' message."""
+    if overrides:
+        grace = _grace()
+        grace.GraceOptions.from_value({**dict(SPECS[Mode.GRACE].grace_options), **overrides})
+    _grace_overrides.clear()
+    _grace_overrides.update(overrides)
+
+
+def override_details(mode: Mode) -> dict[str, Any]:
+    """What a record of ``mode`` says about ``--grace-option`` (nothing when none was given)."""
+    if mode in GRACE_MODES and _grace_overrides:
+        return {"grace_option_overrides": dict(_grace_overrides)}
+    return {}
+
+
 def build(mode: Mode, model: Any) -> Callable[..., Any]:
     """The callable that runs ``model`` in ``mode``. Compilation itself happens on the first call."""
     import torch
@@ -160,7 +180,7 @@ def build(mode: Mode, model: Any) -> Callable[..., Any]:
     if mode is Mode.PT2CG_NOPARTITION:
         return torch.compile(model, options={"triton.cudagraphs": True, "graph_partition": False})
     grace = _grace()
-    options = grace.GraceOptions(**dict(SPECS[mode].grace_options))
+    options = grace.GraceOptions.from_value({**dict(SPECS[mode].grace_options), **_grace_overrides})
     return grace.compile(model, options=options)
 
 

@@ -35,6 +35,7 @@ class SuiteOptions:
     perf_samples: int = MIN_PERF_SAMPLES
     time_budget_s: float = 0.0  # 0: no budget
     device: str = "auto"
+    grace_options: tuple[tuple[str, bool | int | str], ...] = ()  # over every grace mode's own options
 
     @classmethod
     def from_config(cls, config: Any) -> SuiteOptions:
@@ -45,7 +46,32 @@ class SuiteOptions:
             perf_samples=config.getoption("--perf-samples"),
             time_budget_s=config.getoption("--time-budget-s"),
             device=config.getoption("--suite-device"),
+            grace_options=tuple(parse_grace_options(config.getoption("--grace-option") or []).items()),
         )
+
+
+def _option_value(text: str) -> bool | int | str:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text.strip()
+
+
+def parse_grace_options(items: list[str]) -> dict[str, bool | int | str]:
+    """``KEY=VALUE`` strings -> GraceOptions keyword arguments (true/false -> bool, digits -> int).
+
+    Raises ``ValueError`` naming the item for anything else; which keys and values grace accepts is
+    GraceOptions' to say (suites.modes.set_grace_overrides checks them)."""
+    parsed: dict[str, bool | int | str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"--grace-option takes KEY=VALUE, got {item!r}")
+        parsed[key.strip()] = _option_value(value)
+    return parsed
 
 
 def add_options(parser: Any) -> None:
@@ -74,6 +100,14 @@ def add_options(parser: Any) -> None:
         default=0.0,
         help="do not start a new workload after this "
         "many seconds (its tests skip without a record, so a later run can resume); 0 = no budget",
+    )
+    group.addoption(
+        "--grace-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a GraceOptions field for every grace mode, over the mode's own (repeatable), e.g. "
+        "--grace-option pi_direct=true; recorded in each grace record's details",
     )
     group.addoption(
         "--suite-device",

@@ -25,7 +25,7 @@ import torch
 from suites import grace_stats
 from suites.harness import CompiledMode, Failure, PreparedWorkload, describe
 from suites.launches import CallFacts, profile_call
-from suites.modes import GRACE_MODES, Mode
+from suites.modes import GRACE_MODES, Mode, override_details
 from suites.records import CorrectnessStatus, PerformanceRecord, PerformanceStatus
 from suites.tensors import device_input_bytes
 from suites.timing import time_interleaved
@@ -122,6 +122,7 @@ def _record(
         "dtype": str(prepared.dtype).removeprefix("torch."),
         "resident_mem_bytes": entry.resident_mem_bytes,
         **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
+        **override_details(mode),
     }
     copy_bytes: int | None = None
     if isinstance(facts, CallFacts):

@@ -23,6 +23,10 @@ def fake_grace(techniques: dict[str, str | None] | None, api: bool = True) -> ty
             def __init__(self, **kwargs: Any) -> None:
                 self.kwargs = kwargs
 
+            @classmethod
+            def from_value(cls, value: dict[str, Any]) -> GraceOptions:
+                return cls(**value)
+
         def compile(model: Any, options: Any = None) -> Any:
             module.calls.append(options.kwargs)  # type: ignore[attr-defined]
             return model
@@ -103,3 +107,45 @@ def test_eager_and_inductor_build() -> None:
     model = torch.nn.Identity()
     assert modes.build(Mode.EAGER, model) is model
     assert callable(modes.build(Mode.INDUCTOR, model))  # compiles lazily, on the first call
+
+
+def test_grace_option_overrides_reach_every_grace_mode_and_its_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from suites.options import parse_grace_options
+
+    grace = fake_grace({"runtime": None, "cgct": None, "pi": None, "scg": None})
+    monkeypatch.setitem(sys.modules, "grace", grace)
+    overrides = parse_grace_options(["pi_direct=true", "scg_samples=5", "pi_table_update=node", "pi=False"])
+    assert overrides == {"pi_direct": True, "scg_samples": 5, "pi_table_update": "node", "pi": False}
+    try:
+        modes.set_grace_overrides(overrides)
+        model = torch.nn.Identity()
+        for mode in modes.GRACE_MODES:
+            modes.build(mode, model)
+        assert all(call["pi_direct"] is True and call["pi"] is False for call in grace.calls)  # type: ignore[attr-defined]
+        assert grace.calls[1]["cgct"] is True  # type: ignore[attr-defined]  # the mode's own options stay
+        assert modes.override_details(Mode.GRACE) == {"grace_option_overrides": overrides}
+        assert modes.override_details(Mode.PT2CG) == {}
+    finally:
+        modes.set_grace_overrides({})
+    assert modes.override_details(Mode.GRACE) == {}
+
+
+@pytest.mark.parametrize("item", ["pi_direct", "=true", "pi_direct=", "  "])
+def test_grace_option_needs_key_and_value(item: str) -> None:
+    from suites.options import parse_grace_options
+
+    with pytest.raises(ValueError, match="--grace-option takes KEY=VALUE"):
+        parse_grace_options([item])
+
+
+def test_grace_option_keys_and_values_are_checked_by_grace_options() -> None:
+    pytest.importorskip("grace")
+    from grace.options import GraceOptionsError
+
+    with pytest.raises(GraceOptionsError, match="unknown grace option"):
+        modes.set_grace_overrides({"pi_directly": True})
+    with pytest.raises(GraceOptionsError, match="pi_table_update"):
+        modes.set_grace_overrides({"pi_table_update": "fast"})
+    assert modes.override_details(Mode.GRACE) == {}

@@ -4,11 +4,13 @@
 #
 # usage: scripts/gpu/run_suites.sh [--part 1|2|all] [--workloads GLOBS] [--tier standard]
 #                                  [--modes all] [--samples 30] [--budget-s 390] [--hard-limit-s 510]
-#                                  [--cell current] [--label LABEL]
+#                                  [--cell current] [--label LABEL] [--grace-option KEY=VALUE]...
 #
 #   --part 1|2     the two halves of the workload list (cheap ones first in each); default: all
 #   --workloads    comma list of name globs; overrides --part (e.g. the list in a previous remaining.txt)
 #   --budget-s     no new workload starts after this many seconds of pytest (a started one finishes)
+#   --grace-option a GraceOptions field for every grace mode (repeatable; recorded in the records'
+#                  details): use another --label, so such runs do not merge with the default ones
 #   --hard-limit-s pytest is interrupted (SIGINT: the recorder still closes its run) after this long;
 #                  default budget + 120. The defaults fit a 600 s call; for a 300 s call use
 #                  --budget-s 170 --hard-limit-s 250.
@@ -27,6 +29,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_suites.log") 2>&1
 
 PART=all; WORKLOADS=""; TIER=standard; MODES=all; SAMPLES=30; BUDGET=390; HARD=""; CELL=current; LABEL=""
+GRACE_OPTS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --part) PART="$2"; shift 2 ;;
@@ -38,7 +41,8 @@ while [[ $# -gt 0 ]]; do
     --hard-limit-s) HARD="$2"; shift 2 ;;
     --cell) CELL="$2"; shift 2 ;;
     --label) LABEL="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --grace-option) GRACE_OPTS+=(--grace-option "$2"); shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "run_suites: unknown argument $1 (see --help)"; exit 2 ;;
   esac
 done
@@ -125,7 +129,7 @@ fi
 
 log "pytest starts"
 timeout -s INT -k 30 "$HARD" "$PY" -m pytest suites/test_correctness.py suites/test_performance.py \
-  --tier "$TIER" --modes "$MODES" --workloads "$WORKLOADS" --perf-samples "$SAMPLES" \
+  --tier "$TIER" --modes "$MODES" --workloads "$WORKLOADS" --perf-samples "$SAMPLES" "${GRACE_OPTS[@]}" \
   --time-budget-s "$BUDGET" -p record_jsonl --record-jsonl "$RECORDS" "${RECORDER[@]}" \
   -p no:cacheprovider -o console_output_style=classic -rfEs -v --log-level=WARNING --durations=25 \
   --junitxml "$OUT/junit.xml"
