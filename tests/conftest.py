@@ -1,9 +1,11 @@
-"""Project-wide test configuration: tests marked ``gpu`` skip cleanly without a CUDA device."""
+"""Project-wide test configuration: tests marked ``gpu`` skip cleanly without a CUDA device; the
+``fresh_grace`` fixture gives a test a grace without graphs, decisions or stats of earlier tests."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,3 +25,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_grace() -> Iterator[None]:
+    """Dynamo's caches, grace's graphs and grace.stats emptied before and after the test."""
+    import torch
+
+    import grace
+    from grace import stats
+
+    torch._dynamo.reset()
+    grace.reset()
+    stats.forget_all()
+    yield
+    torch._dynamo.reset()
+    grace.reset()

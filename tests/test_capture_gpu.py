@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,9 @@ from grace import stats
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_grace")]
 
 TOL = {"rtol": 2e-3, "atol": 2e-3}
-
-
-@pytest.fixture(autouse=True)
-def fresh(tmp_path: Path) -> Iterator[None]:
-    torch._dynamo.reset()
-    grace.reset()
-    stats.forget_all()
-    yield
-    torch._dynamo.reset()
-    grace.reset()
 
 
 def _options(tmp_path: Path, **changes: Any) -> GraceOptions:

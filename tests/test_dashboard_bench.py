@@ -4,31 +4,14 @@ asserted: a timed unit test on a shared 2-core machine would be flaky)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts_support import run_script
 
 
 def test_bench_script_reports_its_figures(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench_dashboard.py"),
-            "--results",
-            "3000",
-            "--json",
-            "--keep",
-            str(tmp_path),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
+    done = run_script(
+        "bench_dashboard.py", "--results", "3000", "--json", "--keep", str(tmp_path), cwd=tmp_path
     )
     figures = json.loads(done.stdout)
     assert figures["results"] >= 3000

@@ -9,19 +9,18 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-import grace
 from grace import stats
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_grace")]
 
 INPUTS = 64
 NUMEL = 1 << 20
@@ -29,16 +28,6 @@ MIB = 1 << 20
 U = INPUTS * NUMEL * 4  # bytes of the dynamic inputs
 CALLS = 3  # compile + first run, deciding call / recording, first steady call / first replay
 SLACK = 32 * MIB  # comparison chunks, Inductor's autotuning copies, PI's pointer table
-
-
-@pytest.fixture(autouse=True)
-def fresh() -> Iterator[None]:
-    torch._dynamo.reset()
-    grace.reset()
-    stats.forget_all()
-    yield
-    torch._dynamo.reset()
-    grace.reset()
 
 
 def combine(*xs: torch.Tensor) -> torch.Tensor:

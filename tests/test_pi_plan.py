@@ -125,3 +125,16 @@ def test_update_follows_the_slot_rule(seed: int) -> None:
         values, uncovered = _reference(slots, placeholders, static, inputs)
         assert table.writes[-1] == values
         assert plan.uncovered_indices == uncovered
+
+
+def test_last_values_skip_a_repeated_write_and_count_both() -> None:
+    from grace.pi.table import LastValues
+
+    last = LastValues(2, last=(1, 2))
+    assert last.changed([1, 2]) is None and last.skipped == 1
+    current = last.changed([1, 3])
+    assert current == (1, 3) and last.copies == 0  # due, not yet written
+    last.commit(current)
+    assert last.changed((1, 3)) is None and (last.copies, last.skipped) == (1, 2)
+    with pytest.raises(ValueError, match="3 values for 2 slots"):
+        last.changed([1, 2, 3])

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grace.pi.table import SLOT_BYTES, PointerTable
+from grace.pi.table import SLOT_BYTES, LastValues, PointerTable
 
 if TYPE_CHECKING:
     from grace.pi.driver import ParamBuffer
@@ -179,10 +179,8 @@ class FillTable:
         self._node_params = node_params
         self._values = params.value(1)
         self._format = struct.Struct(f"<{self.slots}Q")
-        self._last: tuple[int, ...] | None = self._format.unpack_from(self._values, 0)
+        self._last = LastValues(self.slots, self._format.unpack_from(self._values, 0))
         self._set_params: Callable[[], None] | None = None
-        self.copies = 0
-        self.skipped = 0
 
     @property
     def device_table(self) -> Any:
@@ -210,24 +208,28 @@ class FillTable:
 
     def write(self, values: Sequence[int]) -> bool:
         """Make the next launch fill the table with ``values``; True when the node's values changed."""
-        current = tuple(values)
-        if len(current) != self.slots:
-            raise ValueError(f"{len(current)} values for {self.slots} slots")
-        if current == self._last:
-            self.skipped += 1
+        current = self._last.changed(values)
+        if current is None:
             return False
         set_params = self._set_params
         if set_params is None:
             raise RuntimeError("the fill node's executable graph is unknown: prepare_launch must run first")
         self._format.pack_into(self._values, 0, *current)
         set_params()
-        self._last = current
-        self.copies += 1
+        self._last.commit(current)
         return True
+
+    @property
+    def copies(self) -> int:
+        return self._last.copies
+
+    @property
+    def skipped(self) -> int:
+        return self._last.skipped
 
     def forget(self) -> None:
         """Force the next write to update the node (after something else may have changed the table)."""
-        self._last = None
+        self._last.last = None
 
 
 def _add_node(

@@ -24,6 +24,32 @@ from typing import Any
 SLOT_BYTES = 8
 
 
+class LastValues:
+    """What a table was last given, so that a write of the same values can be skipped.
+
+    ``changed(values)`` returns the values as a tuple when a write is due (checking their count), or
+    None when they equal the last ones (counted in ``skipped``); ``commit`` records a write."""
+
+    def __init__(self, slots: int, last: tuple[int, ...] | None = None) -> None:
+        self.slots = slots
+        self.last = last
+        self.copies = 0
+        self.skipped = 0
+
+    def changed(self, values: Sequence[int]) -> tuple[int, ...] | None:
+        current = tuple(values)
+        if len(current) != self.slots:
+            raise ValueError(f"{len(current)} values for {self.slots} slots")
+        if current == self.last:
+            self.skipped += 1
+            return None
+        return current
+
+    def commit(self, current: tuple[int, ...]) -> None:
+        self.last = current
+        self.copies += 1
+
+
 class PointerTable:
     def __init__(self, slots: int, device: Any) -> None:
         import torch
@@ -34,10 +60,8 @@ class PointerTable:
         self.device_table = torch.empty(max(slots, 1), dtype=torch.int64, device=device)
         self._device_slots = self.device_table[:slots]
         self._ring = StagingRing(torch.int64, self.device_table.device)
-        self._last: tuple[int, ...] | None = None
+        self._values = LastValues(slots)
         self._format = struct.Struct(f"<{slots}Q")
-        self.copies = 0
-        self.skipped = 0
 
     @property
     def bytes_per_copy(self) -> int:
@@ -50,21 +74,25 @@ class PointerTable:
 
     def write(self, values: Sequence[int]) -> bool:
         """Make the device slots hold ``values`` before the next replay; True when a copy was issued."""
-        current = tuple(values)
-        if len(current) != self.slots:
-            raise ValueError(f"{len(current)} values for {self.slots} slots")
-        if current == self._last:
-            self.skipped += 1
+        current = self._values.changed(values)
+        if current is None:
             return False
         host = self._ring.acquire(self.slots)
         packed = self._format.pack(*current)
         ctypes.memmove(host.data_ptr(), packed, len(packed))
         self._device_slots.copy_(host[: self.slots], non_blocking=True)
         self._ring.issued()
-        self._last = current
-        self.copies += 1
+        self._values.commit(current)
         return True
+
+    @property
+    def copies(self) -> int:
+        return self._values.copies
+
+    @property
+    def skipped(self) -> int:
+        return self._values.skipped
 
     def forget(self) -> None:
         """Force the next write to copy (after something else may have changed the device table)."""
-        self._last = None
+        self._values.last = None
