@@ -427,7 +427,6 @@ def capture_graph(
     for i in static_indices:
         static_ptrs[i] = args[i].data_ptr()
     copy_indices = tuple(sorted(placeholders))
-    layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
     return CapturedGraph(
         graph=graph,
         device=device,
@@ -443,7 +442,9 @@ def capture_graph(
         copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
         _dense_placeholders={} if borrow_inputs else {i: dense_view(p) for i, p in placeholders.items()},
         borrowed=borrow_inputs,
-        _layouts=layouts,
+        _layouts={i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
+        if borrow_inputs
+        else {},
     )
 
 

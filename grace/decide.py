@@ -138,6 +138,9 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
 
+    def problem_of(variant: Variant, graph: CapturedGraph) -> str | None:
+        return _check_variant(slot, variant, graph, args, reference, reference_state, mutated, restore)
+
     def keep_if_it_passes(variant: Variant, graph: CapturedGraph, problem: str | None) -> None:
         checks[variant.value] = problem or "pass"
         if problem is None:
@@ -148,13 +151,9 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         graph.release()
         del graphs[variant]
 
-    # PI first: the placeholders it shares with the copies graph hold no copied input yet.
-    problems = {
-        variant: _check_variant(
-            slot, variant, graphs[variant], args, reference, reference_state, mutated, restore
-        )
-        for variant in sorted(graphs, key=_CHECK_ORDER.index)
-    }
+    # PI first: the placeholders it shares with the copies graph hold no copied input yet. Candidates
+    # keep the capture order (it is part of the persisted decision key).
+    problems = {v: problem_of(v, graphs[v]) for v in sorted(graphs, key=_CHECK_ORDER.index)}
     for variant, graph in list(graphs.items()):
         keep_if_it_passes(variant, graph, problems[variant])
     if direct and len(candidates) == 1:
@@ -162,10 +161,7 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         copies = _capture_copies(slot, args, mutated)
         if copies is not None:
             graphs[Variant.GRAPH_COPIES] = copies
-            problem = _check_variant(
-                slot, Variant.GRAPH_COPIES, copies, args, reference, reference_state, mutated, restore
-            )
-            keep_if_it_passes(Variant.GRAPH_COPIES, copies, problem)
+            keep_if_it_passes(Variant.GRAPH_COPIES, copies, problem_of(Variant.GRAPH_COPIES, copies))
     if len(candidates) > 1:
         # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed.
         reference = None
@@ -346,8 +342,8 @@ def _capture_pi(
         record.add_skip(
             SkipReason(SkipCode.PI_DIRECT_DECLINED, f"inputs {list(uncovered)} keep a copy ({why})")
         )
-        _release_plan(result)
-        pi_graph.release()
+        pi_graph.pi_plan = result
+        pi_graph.release()  # with its plan (the table, a fill node's module)
         return None
     pi_graph.pi_plan = result
     prepare_launch = getattr(result, "prepare_launch", None)
@@ -367,15 +363,6 @@ def _capture_pi(
     record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
     record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
     return pi_graph
-
-
-def _release_plan(plan: Any) -> None:
-    release = getattr(plan, "release", None)
-    if callable(release):
-        try:
-            release()
-        except Exception:  # releasing must not raise out of a decision
-            logger.debug("grace: PI plan release failed", exc_info=True)
 
 
 def _decline(slot: GraphSlot, reason: SkipReason) -> None:

@@ -37,13 +37,12 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -51,6 +50,7 @@ from grace import stats as grace_stats
 from grace.capture import CaptureContext, CapturedGraph, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
+from grace.picking import Picker, picker
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import Decision, DecisionKey, Variant
 
@@ -131,9 +131,9 @@ class GraphSlot:
         self.verify_ptrs: list[int | None] | None = None
         # Graphs captured for other static-input addresses (oldest first), bounded by max_recaptures.
         self.kept: list[_KeptGraph] = []
-        # The runner's check that a call has this slot's signature (built on the slot's first call).
+        # The runner's check that a call has this slot's signature (built on the slot's first call;
+        # stays None where this torch has no C++ tensor check).
         self.recent: _RecentSlot | None = None
-        self.recent_built = False
 
     # --- steady states ---------------------------------------------------------------------
 
@@ -263,8 +263,7 @@ class GraphSlot:
 
     def _kept_for(self, args: Sequence[Any]) -> _KeptGraph | None:
         for i in range(len(self.kept) - 1, -1, -1):
-            graph = self.kept[i].graph
-            if torch_compat.data_ptrs_equal(args, graph.static_ptrs, graph.static_indices):
+            if self.kept[i].graph.static_inputs_unmoved(args):
                 return self.kept.pop(i)
         return None
 
@@ -325,16 +324,6 @@ class GraphSlot:
             return decide(self, args)
 
 
-def _getter(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """``args -> tuple(args[i] for i in indices)``, in C for two indices or more."""
-    if len(indices) >= 2:
-        return cast(Callable[[Sequence[Any]], tuple[Any, ...]], operator.itemgetter(*indices))
-    if len(indices) == 1:
-        (only,) = indices
-        return lambda args: (args[only],)
-    return lambda args: ()
-
-
 class _RecentSlot:
     """The slot of the last call, with a check that this call has its signature without rebuilding it.
 
@@ -349,8 +338,8 @@ class _RecentSlot:
         self,
         slot: GraphSlot,
         check: Callable[..., bool],
-        tensors: Callable[[Sequence[Any]], tuple[Any, ...]],
-        scalars: Callable[[Sequence[Any]], tuple[Any, ...]],
+        tensors: Picker,
+        scalars: Picker,
         scalar_values: tuple[tuple[type, Any], ...],
     ) -> None:
         self.slot = slot
@@ -361,11 +350,11 @@ class _RecentSlot:
 
     @classmethod
     def build(cls, plan: RunnerPlan, args: Sequence[Any], slot: GraphSlot) -> _RecentSlot | None:
-        tensors = _getter(plan.dynamic_indices)
+        tensors = picker(plan.dynamic_indices)
         check = torch_compat.tensor_metadata_check(tensors(args))
         if check is None:
             return None
-        scalars = _getter(plan.scalar_indices)
+        scalars = picker(plan.scalar_indices)
         return cls(slot, check, tensors, scalars, tuple((type(v), v) for v in scalars(args)))
 
     def matches(self, args: Sequence[Any]) -> bool:
@@ -432,9 +421,8 @@ class GraceRunner:
             slot = self._new_slot(key)
         else:
             self.slots.move_to_end(key)
-        if not slot.recent_built:  # once per slot: signatures that alternate pay no rebuild
+        if slot.recent is None:  # once per slot: signatures that alternate pay no rebuild
             slot.recent = _RecentSlot.build(self.plan, args, slot)
-            slot.recent_built = True
         self._recent = slot.recent if self.slots.get(key) is slot else None
         return slot.run(args)
 

@@ -183,10 +183,6 @@ class FillTable:
         self._set_params: Callable[[], None] | None = None
 
     @property
-    def device_table(self) -> Any:
-        return self._table.device_table
-
-    @property
     def bytes_per_copy(self) -> int:
         return SLOT_BYTES * self.slots
 

@@ -31,12 +31,13 @@ import logging
 import operator
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from grace.pi import scan as scan_mod
 from grace.pi.scan import InputRange, Use, UseKind
+from grace.picking import Picker, picker
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class _CallPlan:
     Alignment 1 is no rule at all."""
 
     served_indices: tuple[int, ...]
-    served: Callable[[Sequence[Any]], tuple[Any, ...]]
+    served: Picker
     sources: tuple[tuple[int, int], ...]
     identity: bool
     align_mask: int | None
@@ -257,11 +258,7 @@ class _CallPlan:
         mask = None
         if all(r == 0 and a & (a - 1) == 0 for a, r in rules):
             mask = max((a for a, _ in rules), default=1) - 1
-        if len(served) >= 2:
-            getter = cast(Callable[[Sequence[Any]], tuple[Any, ...]], operator.itemgetter(*served))
-        else:
-            getter = functools.partial(_pick, served)
-        return cls(served, getter, sources, identity, mask, requirements)
+        return cls(served, picker(served), sources, identity, mask, requirements)
 
     def surely_aligned(self, addresses: list[int]) -> bool:
         """True when every address meets its slots' alignment; False may be a false alarm of the mask."""
@@ -277,10 +274,6 @@ class _CallPlan:
         if self.identity:
             return addresses
         return [(addresses[k] if k >= 0 else 0) + addend for k, addend in self.sources]
-
-
-def _pick(indices: tuple[int, ...], values: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(values[i] for i in indices)
 
 
 def _input_ranges(placeholders: dict[int, Any]) -> list[InputRange]:
