@@ -118,9 +118,13 @@ def run_cpu_stages(kernel: CorpusKernel, capability: int = 90) -> tuple[list[Sta
             {"loads_inserted": {pmap.params[i].arg: n for i, n in loads.items()}},
         )
     )
-    tool = triton_compat.ptxas_for(capability)
+    tool = triton_compat.ptxas_reading(art.compiled.ptx, capability)
     try:
-        options = {"num_warps": art.compiled.num_warps, "enable_fp_fusion": art.compiled.enable_fp_fusion}
+        options = {
+            "num_warps": art.compiled.num_warps,
+            "enable_fp_fusion": art.compiled.enable_fp_fusion,
+            "ptxas": tool,
+        }
         original = triton_compat.assemble(art.compiled.ptx, capability=capability, **options)
         art.cubin = triton_compat.assemble(art.rewritten.ptx, capability=capability, **options)
         before = sass.count_64bit_global_loads(triton_compat.disassemble(original))

@@ -91,7 +91,9 @@ def test_built_kernels_are_loaded_once_per_device(monkeypatch: pytest.MonkeyPatc
     kernel = triton_path.describe(Located(ptx=text), {})
     loads: list[str] = []
     monkeypatch.setattr(triton_compat, "assemble", lambda ptx, **_: b"cubin")
-    monkeypatch.setattr(triton_compat, "ptxas_for", lambda capability: type("P", (), {"release": "12.8"})())
+    monkeypatch.setattr(
+        triton_compat, "ptxas_reading", lambda ptx, capability: type("P", (), {"release": "12.8"})()
+    )
     monkeypatch.setattr(
         driver,
         "load_kernel",

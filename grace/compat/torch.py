@@ -14,6 +14,9 @@ number, and every helper keeps one signature whatever the release. Facts relied 
   (on the tensor and in the placeholder's ``tensor_dict`` meta); older releases keep parameters as
   ``get_attr`` nodes, so they are no inputs at all.
 - ``torch._dynamo.reset`` calls ``reset()`` on every cached backend that has one.
+- Inductor's compile workers set ``TRITON_PTXAS_PATH`` to ``torch/_inductor/bin/ptxas`` when torch
+  ships one and the variable is unset (``codecache.py`` in 2.2-2.3, ``runtime/compile_tasks.py`` later);
+  CUDA 13 builds ship it, so kernels compiled in a worker are written for that ptxas, not Triton's.
 - Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``) checks tensor metadata in one call; its
   constructor takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` from 2.1 on. It is probed, and the
   runner falls back to its Python signature where the probe fails.
@@ -28,8 +31,10 @@ import functools
 import hashlib
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -400,3 +405,13 @@ def foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
 
 def device_name(device: torch.device) -> str:
     return str(torch.cuda.get_device_name(device))
+
+
+def inductor_worker_ptxas() -> str | None:
+    """The ptxas Inductor's compile workers hand Triton: ``TRITON_PTXAS_PATH`` when set, else the
+    executable ``torch/_inductor/bin/ptxas`` when this torch ships one, else None (Triton's own)."""
+    named = os.environ.get("TRITON_PTXAS_PATH")
+    if named:
+        return named
+    shipped = Path(torch.__file__).parent / "_inductor" / "bin" / "ptxas"
+    return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None

@@ -8,7 +8,11 @@ later ``{name: type}`` with constexpr entries and ``{(index,): [[attr, value]]}`
 ptxas is found through ``_path_to_binary`` (3.0-3.2), ``get_ptxas(arch)`` returning a tuple (3.3),
 ``get_ptxas()`` or ``get_ptxas(arch)`` returning a tool object (3.4+), and 3.9 assembles sm_90 with
 ``ptxas-blackwell`` (its PTX is ``.version 9.4``, which the plain ptxas rejects); ``load_binary`` returns
-four values up to 3.4 and five after.
+four values up to 3.4 and five after. Triton writes the newest ``.version`` its ptxas reads, and
+Inductor's compile workers point Triton at the ptxas torch ships (``grace.compat.torch.
+inductor_worker_ptxas``; CUDA 13 builds of torch 2.11 ship a 13.0 ptxas next to Triton 3.6's 12.8), so a
+kernel compiled in a worker can carry a ``.version`` (9.0) that the ptxas of the calling process
+rejects: ``ptxas_reading`` picks a ptxas that reads it.
 
 Design: every difference is probed here once, against the installed Triton, and exposed as a
 capability or a function with one signature. Nothing here imports Triton at module import time, so
@@ -17,13 +21,15 @@ capability or a function with one signature. Nothing here imports Triton at modu
 Invariants:
 - ``compile_for_target`` never touches a GPU or a driver; it works on a machine without one.
 - ``ptxas_for`` names the ptxas that this Triton itself would use for the target, so a rewritten
-  kernel is assembled by the same tool as the original.
+  kernel is assembled by the same tool as the original; ``ptxas_reading`` departs from it only when
+  that tool cannot read the PTX's ``.version`` and the worker's ptxas can.
 - The parameter list of the PTX entry is: the non-constexpr arguments (3.0-3.2 also drop arguments
   specialised as equal to 1), then the trailing scratch parameters that ``scratch_parameters`` names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -33,7 +39,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,6 +237,64 @@ def cuobjdump() -> Tool:
     return _tool(path)
 
 
+def ptx_isa(ptx: str) -> int | None:
+    """The PTX ISA a module declares (``.version 9.0`` -> 90), or None without the directive."""
+    match = re.search(r"^\s*\.version\s+(\d+)\.(\d+)", ptx, re.MULTILINE)
+    return None if match is None else int(match.group(1)) * 10 + int(match.group(2))
+
+
+def isa_of_ptxas(release: str) -> int:
+    """The newest PTX ISA that ptxas ``release`` (``12.8``) reads: Triton's own mapping where it has one
+    (``ptx_get_version``), else the CUDA release notes' (12.0-12.5 -> 8.0-8.5, 12.6+ -> minor - 1 + 80,
+    13.x -> 9.x)."""
+    nvc = _nvidia_compiler_module()
+    mapping = getattr(nvc, "ptx_get_version", None)
+    if mapping is not None:
+        return int(mapping(release))
+    major, minor = (int(part) for part in release.split(".")[:2])
+    if major >= 13:
+        return 90 + (major - 13) * 10 + minor
+    return 80 + minor - (1 if minor >= 6 else 0) if major == 12 else 70 + minor
+
+
+def ptxas_reading(ptx: str, capability: int = 90) -> Tool:
+    """The ptxas to assemble ``ptx`` with: this Triton's (``ptxas_for``) unless it cannot read the
+    PTX's ``.version`` and the ptxas Inductor's compile workers use can."""
+    from grace.compat import torch as torch_compat
+
+    own = ptxas_for(capability)
+    wanted = ptx_isa(ptx)
+    if wanted is None or wanted <= isa_of_ptxas(own.release):
+        return own
+    worker = torch_compat.inductor_worker_ptxas()
+    if worker is None or Path(worker) == own.path:
+        return own
+    tool = _tool(worker)
+    return tool if wanted <= isa_of_ptxas(tool.release) else own
+
+
+# Triton reads its ptxas from these variables at each assembly (3.0+); ``ptxas-blackwell`` serves sm_100+
+# from 3.3 and every target from 3.9, so an override names the tool under both.
+_PTXAS_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+
+
+@contextlib.contextmanager
+def _ptxas_override(tool: Tool | None, capability: int) -> Iterator[None]:
+    if tool is None or tool.path == ptxas_for(capability).path:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in _PTXAS_VARIABLES}
+    os.environ.update({name: os.fspath(tool.path) for name in _PTXAS_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class ToolError(RuntimeError):
     """A bundled CUDA tool (ptxas, cuobjdump) failed; ``log`` holds what it printed."""
 
@@ -247,12 +311,20 @@ def ptx_target(ptx: str) -> str:
     return match.group(1)
 
 
-def assemble(ptx: str, *, capability: int = 90, num_warps: int = 4, enable_fp_fusion: bool = True) -> bytes:
+def assemble(
+    ptx: str,
+    *,
+    capability: int = 90,
+    num_warps: int = 4,
+    enable_fp_fusion: bool = True,
+    ptxas: Tool | None = None,
+) -> bytes:
     """Assemble PTX to a cubin the way this Triton assembles its own kernels.
 
     Goes through the NVIDIA backend's ``make_cubin`` so the rewritten kernel gets the same ptxas, the
     same flags and the same workarounds as the original (3.9, for instance, adds
-    ``--regAllocOptLevel=2``). Raises ``ToolError`` with ptxas's log when it rejects the PTX.
+    ``--regAllocOptLevel=2``); ``ptxas`` (from ``ptxas_reading``) replaces Triton's tool for this call
+    only. Raises ``ToolError`` with ptxas's log when it rejects the PTX.
     """
     _require()
     from triton.backends.compiler import GPUTarget
@@ -261,12 +333,14 @@ def assemble(ptx: str, *, capability: int = 90, num_warps: int = 4, enable_fp_fu
     backend = make_backend(GPUTarget("cuda", capability, 32))
     options = backend.parse_options({"num_warps": num_warps, "enable_fp_fusion": enable_fp_fusion})
     metadata: dict[str, Any] = {}
+    release = (ptxas or ptxas_for(capability)).release
     try:
-        return bytes(backend.make_cubin(ptx, metadata, options, capability))
+        with _ptxas_override(ptxas, capability):
+            return bytes(backend.make_cubin(ptx, metadata, options, capability))
     except (
         Exception
     ) as exc:  # RuntimeError up to 3.2, PTXASError (a TritonError) from 3.3; both carry the log
-        raise ToolError(f"ptxas {ptxas_for(capability).release} rejected the PTX", str(exc)) from exc
+        raise ToolError(f"ptxas {release} rejected the PTX", str(exc)) from exc
 
 
 def disassemble(cubin: bytes) -> str:

@@ -153,12 +153,14 @@ def build(
         cached = _built.get(key)
         if cached is not None:
             return cached
+        ptxas = triton_compat.ptxas_reading(result.ptx, capability)
         try:
             cubin = triton_compat.assemble(
                 result.ptx,
                 capability=capability,
                 num_warps=kernel.num_warps,
                 enable_fp_fusion=kernel.enable_fp_fusion,
+                ptxas=ptxas,
             )
         except triton_compat.ToolError as exc:
             raise BuildError("assemble", str(exc).splitlines()[0]) from exc
@@ -170,7 +172,7 @@ def build(
             function=loaded.function,
             module=loaded.module,
             loads_inserted=dict(result.loads_inserted),
-            ptxas=triton_compat.ptxas_for(capability).release,
+            ptxas=ptxas.release,
         )
         _built[key] = built
         return built

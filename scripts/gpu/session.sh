@@ -41,7 +41,8 @@ for spec in "${STEPS[@]}"; do
   log "step $step (limit ${limit}s)"
   case "$step" in
     gpu-tests)
-      timeout -s INT -k 20 "$limit" python -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
+      GRACE_TEST_ARTIFACTS="$OUT/gpu-tests" timeout -s INT -k 20 "$limit" \
+        python -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
         --junitxml "$OUT/gpu-tests.xml" ;;
     cgct)
       # shellcheck disable=SC2086  # GRACE_CGCT_ARGS holds several words on purpose
