@@ -46,7 +46,8 @@ class GraceOptions:
             decision then holds no copy of the inputs (placeholders are allocated only if a later call
             needs a copy, e.g. an input that breaks a kernel's alignment). When a dynamic input cannot be
             served (or two inputs share a storage, or an output views an input) the usual two variants
-            are captured instead; the skip reason ``pi_direct_declined`` says why.
+            are captured instead; the skip reason ``pi_direct_declined`` says why. Default True: on the
+            H200 it brought the first calls' peak memory to pt2cg's (results/gpu-checks).
         scg: selective CUDA graphs: time the variants and keep the fastest one. False always keeps a
             graph when one could be captured and passed its numeric check (PI if it works, else copies).
         scg_samples: timed samples per variant (median taken); at least 3.
@@ -72,7 +73,7 @@ class GraceOptions:
     cgct: bool = True
     pi: bool = True
     pi_table_update: str = "copy"
-    pi_direct: bool = False
+    pi_direct: bool = True
     scg: bool = True
     scg_samples: int = 15
     scg_warmup: int = 2

@@ -185,7 +185,7 @@ def _inputs() -> list[torch.Tensor]:
 
 def test_pi_graph_is_captured_against_the_copies_graph_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
     setup = Setup(monkeypatch)
-    slot = setup.slot(scg=False)
+    slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
     (out,) = grace.decide.decide(slot, args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
@@ -198,7 +198,7 @@ def test_pi_graph_is_captured_against_the_copies_graph_placeholders(monkeypatch:
 
 def test_pi_new_address_check_runs_on_the_placeholders_not_on_clones(monkeypatch: pytest.MonkeyPatch) -> None:
     setup = Setup(monkeypatch)
-    slot = setup.slot(scg=False)
+    slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
     grace.decide.decide(slot, args)
     (plan,) = setup.plans
@@ -213,7 +213,7 @@ def test_a_pi_graph_reading_its_placeholders_fails_although_they_hold_the_inputs
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     setup = Setup(monkeypatch, stuck=True)
-    slot = setup.slot(scg=False)
+    slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
     (out,) = grace.decide.decide(slot, args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
@@ -252,7 +252,7 @@ def test_without_a_passing_graph_the_reference_itself_is_returned(monkeypatch: p
         raise RuntimeError("replay failed on purpose")
 
     monkeypatch.setattr(CapturedGraph, "run_with_copies", lambda self, a, c: broken_copies(a, c))
-    slot = setup.slot()
+    slot = setup.slot(pi_direct=False)
     args = _inputs()
     (out,) = grace.decide.decide(slot, args)
     assert slot.decision is not None and slot.decision.source == DecisionSource.ONLY_CANDIDATE

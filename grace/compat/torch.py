@@ -14,9 +14,11 @@ number, and every helper keeps one signature whatever the release. Facts relied 
   (on the tensor and in the placeholder's ``tensor_dict`` meta); older releases keep parameters as
   ``get_attr`` nodes, so they are no inputs at all.
 - ``torch._dynamo.reset`` calls ``reset()`` on every cached backend that has one.
-- Inductor's compile workers set ``TRITON_PTXAS_PATH`` to ``torch/_inductor/bin/ptxas`` when torch
-  ships one and the variable is unset (``codecache.py`` in 2.2-2.3, ``runtime/compile_tasks.py`` later);
-  CUDA 13 builds ship it, so kernels compiled in a worker are written for that ptxas, not Triton's.
+- Inductor sets ``TRITON_PTXAS_PATH``, when unset, to a ptxas torch ships, before it compiles Triton
+  kernels: ``torch/bin/ptxas`` in 2.11 (its CUDA 13 builds ship a 13.0 ptxas; the variable is set in the
+  compiling process and its workers), ``torch/_inductor/bin/ptxas`` in the ``runtime/compile_tasks.py``
+  of 2.13. Kernels compiled so are written for that ptxas, not for Triton's own, and a process that
+  loads them from Inductor's cache never sets the variable.
 - Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``) checks tensor metadata in one call; its
   constructor takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` from 2.1 on. It is probed, and the
   runner falls back to its Python signature where the probe fails.
@@ -408,10 +410,13 @@ def device_name(device: torch.device) -> str:
 
 
 def inductor_worker_ptxas() -> str | None:
-    """The ptxas Inductor's compile workers hand Triton: ``TRITON_PTXAS_PATH`` when set, else the
-    executable ``torch/_inductor/bin/ptxas`` when this torch ships one, else None (Triton's own)."""
+    """The ptxas Inductor hands Triton: ``TRITON_PTXAS_PATH`` when set, else the first executable ptxas
+    that this torch ships (``torch/bin``, ``torch/_inductor/bin``), else None (Triton's own)."""
     named = os.environ.get("TRITON_PTXAS_PATH")
     if named:
         return named
-    shipped = Path(torch.__file__).parent / "_inductor" / "bin" / "ptxas"
-    return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None
+    root = Path(torch.__file__).parent
+    for shipped in (root / "bin" / "ptxas", root / "_inductor" / "bin" / "ptxas"):
+        if shipped.is_file() and os.access(shipped, os.X_OK):
+            return str(shipped)
+    return None

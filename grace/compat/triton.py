@@ -9,10 +9,10 @@ ptxas is found through ``_path_to_binary`` (3.0-3.2), ``get_ptxas(arch)`` return
 ``get_ptxas()`` or ``get_ptxas(arch)`` returning a tool object (3.4+), and 3.9 assembles sm_90 with
 ``ptxas-blackwell`` (its PTX is ``.version 9.4``, which the plain ptxas rejects); ``load_binary`` returns
 four values up to 3.4 and five after. Triton writes the newest ``.version`` its ptxas reads, and
-Inductor's compile workers point Triton at the ptxas torch ships (``grace.compat.torch.
-inductor_worker_ptxas``; CUDA 13 builds of torch 2.11 ship a 13.0 ptxas next to Triton 3.6's 12.8), so a
-kernel compiled in a worker can carry a ``.version`` (9.0) that the ptxas of the calling process
-rejects: ``ptxas_reading`` picks a ptxas that reads it.
+Inductor points Triton at the ptxas torch ships (``grace.compat.torch.inductor_worker_ptxas``; CUDA 13
+builds of torch 2.11 ship a 13.0 ptxas next to Triton 3.6's 12.8), so a kernel Inductor compiled (or
+loaded from its cache) can carry a ``.version`` (9.0) that this process's Triton ptxas rejects:
+``ptxas_reading`` picks a ptxas that reads it.
 
 Design: every difference is probed here once, against the installed Triton, and exposed as a
 capability or a function with one signature. Nothing here imports Triton at module import time, so
