@@ -84,7 +84,7 @@ class CaptureContext:
     output_codes: tuple[Any, ...]
     device: torch.device
     example_inputs: tuple[Any, ...] = ()
-    pi_table_update: str = "copy"
+    pi_table_update: str = "node"
 
 
 @runtime_checkable

@@ -40,7 +40,8 @@ class GraceOptions:
             the head of the graph whose arguments are updated in the executable graph, so the update
             travels with the launch (``grace.pi.fill``). Where ``"node"`` cannot be used (too many
             slots, no NVRTC, a torch without an executable graph handle) the copy serves the table and
-            the PI stage ``table`` says why.
+            the PI stage ``table`` says why. Default ``"node"``: on the H200 it cut the 64x1M workload's
+            time per call by 8% against ``"copy"`` (results/gpu-checks).
         pi_direct: capture the PI graph on the caller's own inputs, with no placeholders, and do not
             capture the graph-with-copies variant when that graph's PI serves every dynamic input: the
             decision then holds no copy of the inputs (placeholders are allocated only if a later call
@@ -72,7 +73,7 @@ class GraceOptions:
     cuda_graphs: bool = True
     cgct: bool = True
     pi: bool = True
-    pi_table_update: str = "copy"
+    pi_table_update: str = "node"
     pi_direct: bool = True
     scg: bool = True
     scg_samples: int = 15

@@ -416,7 +416,10 @@ def test_pi_seam_receives_context_and_plan_is_used(tmp_path: Path, monkeypatch: 
     fake.prepare = prepare  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "grace.pi", fake)
     model = MLP(depth=2).cuda().eval()
-    compiled = torch.compile(model, backend=GraceBackend(_options(tmp_path, scg=False)))
+    # The two-variant path (placeholders): under pi_direct a plan that covers nothing is declined
+    # first, so prepare runs twice (tests/test_decide.py covers that path).
+    options = _options(tmp_path, scg=False, pi_direct=False)
+    compiled = torch.compile(model, backend=GraceBackend(options))
     x = torch.randn(8, 256, device="cuda")
     with torch.no_grad():
         for _ in range(4):

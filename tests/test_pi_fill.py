@@ -26,9 +26,9 @@ from grace.pi.table import PointerTable
 # --- option ------------------------------------------------------------------------------------------
 
 
-def test_table_update_option_defaults_to_copy_and_reaches_the_capture_context() -> None:
-    assert GraceOptions().pi_table_update == "copy"
-    assert GraceOptions.from_value({"pi_table_update": "node"}).pi_table_update == "node"
+def test_table_update_option_defaults_to_node_and_reaches_the_capture_context() -> None:
+    assert GraceOptions().pi_table_update == "node"
+    assert GraceOptions.from_value({"pi_table_update": "copy"}).pi_table_update == "copy"
     field = CaptureContext.__dataclass_fields__["pi_table_update"]
     assert field.default == GraceOptions().pi_table_update
 
