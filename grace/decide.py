@@ -77,6 +77,15 @@ while its one kernel reads its copy of the input and writes its output. A graph 
 no placeholders to run at new addresses during the decision; the runner compares its first call at
 other addresses with the no-graph callable (grace.verify), and a failed PI check there or here falls
 back to the graph with copies (here) or to no graph (there).
+
+Measured on the H200 (torch 2.11, results/gpu-checks/memory-h200-2026-11-29.json, peak above the base
+in the first three calls): 64 inputs into one 4 MiB output, 272 MiB with the two variants and 12 MiB
+under ``pi_direct`` (pt2cg: 194 MiB); one 4 MiB output per input (O = U), 1028 MiB (4U) and 516 MiB
+(2O) (pt2cg: 260 MiB); elementwise_64x1m, 516 MiB against pt2cg's 512 MiB. Where O is about U and
+pt2cg reuses its input copies for its outputs (the suites' nvidia_deeprecommender: 272-305 MiB against
+144 MiB) the 2O of the decision remains: the reference and the timed no-graph runs allocate their
+outputs while the graph's outputs sit in its pool. Closing that needs the reference held off the
+device (or compared before the capture) and the no-graph samples timed before the capture.
 """
 
 from __future__ import annotations
