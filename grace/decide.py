@@ -9,8 +9,10 @@ Design (one call, on the caller's real inputs):
    ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``). With option
    ``pi_direct``, first the PI graph alone, captured on the caller's inputs; it stands alone when its
    PI serves every dynamic input, else the two usual graphs are captured;
-2. run the no-graph callable as the reference, then each graph variant, restoring mutated inputs before
-   each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
+2. run the no-graph callable as the reference (before step 1 for a callable without side effects, and
+   then, when its outputs reach option ``host_reference_bytes``, copied to host memory with the
+   no-graph variant's SCG samples taken at once), then each graph variant, restoring mutated inputs
+   before each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
    checked first, with zeros in the placeholders it shares with the copies graph, then
    again with its inputs at new addresses (the placeholders, holding the inputs' values);
 3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
@@ -83,15 +85,24 @@ in the first three calls): 64 inputs into one 4 MiB output, 272 MiB with the two
 under ``pi_direct`` (pt2cg: 194 MiB); one 4 MiB output per input (O = U), 1028 MiB (4U) and 516 MiB
 (2O) (pt2cg: 260 MiB); elementwise_64x1m, 516 MiB against pt2cg's 512 MiB. Where O is about U and
 pt2cg reuses its input copies for its outputs (the suites' nvidia_deeprecommender: 272-305 MiB against
-144 MiB) the 2O of the decision remains: the reference and the timed no-graph runs allocate their
-outputs while the graph's outputs sit in its pool. Closing that needs the reference held off the
-device (or compared before the capture) and the no-graph samples timed before the capture.
+144 MiB) the 2O of the decision remained: the reference and the timed no-graph runs allocated their
+outputs while the graph's outputs sat in its pool.
+
+Option ``host_reference_bytes`` (grace.hostref) removes that second O for callables without side
+effects whose outputs reach it: a graph's outputs stay in its pool (allocated) for as long as it lives,
+so every no-graph run is moved before the first capture (the reference, copied to host memory and
+freed, and the no-graph variant's SCG samples, which are then not interleaved with the graphs'), the
+checks and the returned replay compare with the host copy chunk by chunk, and the first steady call is
+not compared again (the returned replay was, on the same inputs). Peak: max(O + W, the kept graph's pool
++ C): about O for O = U. The first call with inputs at other addresses is still compared with the
+no-graph callable (2O then, outside the first calls).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -106,6 +117,7 @@ from grace.capture import (
     summary_hook,
 )
 from grace.compat import torch as torch_compat
+from grace.hostref import offload
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import (
     Decision,
@@ -117,7 +129,7 @@ from grace.scg import (
     outputs_match,
     time_variants,
 )
-from grace.verify import graph_health
+from grace.verify import graph_health, synchronize
 
 if TYPE_CHECKING:
     from grace.runner import GraphSlot
@@ -138,11 +150,19 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         for i, saved in snapshot.items():
             dense_view(args[i]).copy_(dense_view(saved))
 
+    # A callable without side effects gets its reference before any capture: in host memory when its
+    # outputs are large, with the no-graph variant's samples (Note: [Deciding-call memory]).
+    early = _reference_first(slot, args) if not mutated else None
     graphs = _capture_variants(slot, args, mutated)
     direct = any(g.borrowed for g in graphs.values())
 
-    restore()
-    reference: Any = runner.compiled(*args)
+    if early is not None:
+        reference: Any = early.value
+        early.value = None  # ``reference`` is its only holder: dropped before the timing
+    else:
+        restore()
+        reference = runner.compiled(*args)
+    host_reference = reference if early is not None and early.on_host else None
     reference_state = [args[i].clone() for i in mutated]
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
@@ -171,12 +191,14 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         if copies is not None:
             graphs[Variant.GRAPH_COPIES] = copies
             keep_if_it_passes(Variant.GRAPH_COPIES, copies, problem_of(Variant.GRAPH_COPIES, copies))
-    if len(candidates) > 1:
-        # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed.
+    if len(candidates) > 1 or host_reference is not None:
+        # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed
+        # (and a reference in host memory is no output to return).
         reference = None
         reference_state = []
 
-    decision = _choose(slot, args, graphs, candidates, checks, bool(mutated))
+    pretimed = early.no_graph_samples if early is not None else None
+    decision = _choose(slot, args, graphs, candidates, checks, bool(mutated), pretimed)
     for variant, graph in graphs.items():
         if variant != decision.variant:
             graph.release()
@@ -199,9 +221,56 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     record.copy_bytes_per_replay = _copied_bytes(chosen, decision.variant)
     record.copy_launches_per_replay = _copy_launches(chosen, decision.variant)
     slot.run = slot._run_pi if decision.variant == Variant.GRAPH_PI else slot._run_copies
-    slot.arm_verification(args)  # this call's replay, the first steady one, the first at new addresses
-    restore()
-    return slot.run(args)
+    if host_reference is None:
+        slot.arm_verification(args)  # this call's replay, the first steady one, the first at new addresses
+        restore()
+        return slot.run(args)
+    # This call's replay is compared with the host reference (same inputs, no side effects) and the
+    # first call at new addresses with the no-graph callable; no no-graph run while the graph lives.
+    slot.arm_verification(args, calls=0)
+    return _returned_replay(slot, args, host_reference)
+
+
+@dataclass
+class EarlyReference:
+    """The no-graph reference of a callable without side effects, run before any capture: on the
+    device, or in host memory (``on_host``) with the no-graph variant's SCG samples taken then."""
+
+    value: Any
+    on_host: bool
+    no_graph_samples: list[float] | None = None
+
+
+def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> EarlyReference | None:
+    runner = slot.runner
+    options = runner.options
+    if options.host_reference_bytes <= 0:
+        return None
+    value, on_host = offload(runner.compiled(*args), options.host_reference_bytes)
+    if not (on_host and options.scg):
+        return EarlyReference(value, on_host)
+    runs: dict[Variant, Callable[[], Any]] = {Variant.NO_GRAPH: lambda: runner.compiled(*args)}
+    samples = time_variants(
+        runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
+    )
+    return EarlyReference(value, on_host, samples[Variant.NO_GRAPH])
+
+
+def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any) -> Any:
+    """The deciding call's replay, compared with the reference held in host memory; the no-graph
+    callable's output instead (and no graph from now on) when they differ."""
+    graph = slot.graph
+    out = slot.run(args)
+    if slot.graph is not graph or graph is None or not slot.runner.options.check_numerics:
+        return out  # (a failed replay already left the slot without a graph)
+    synchronize(graph.device)
+    problem = outputs_match(host_reference, out) or graph_health(graph)
+    if problem is None:
+        return out
+    value = getattr(slot.record.variant, "value", slot.record.variant)
+    reason = f"{value} at the deciding call's replay: {problem}"
+    slot.set_no_graph(SkipReason(SkipCode.NUMERIC_MISMATCH, reason))
+    return slot.runner.compiled(*args)
 
 
 def _capture_variants(
@@ -440,6 +509,7 @@ def _choose(
     candidates: list[Variant],
     checks: dict[str, str],
     mutates: bool,
+    no_graph_samples: list[float] | None = None,
 ) -> Decision:
     runner = slot.runner
     options = runner.options
@@ -474,13 +544,17 @@ def _choose(
                     numeric_checks=checks,
                     key=key.digest,
                 )
-    runs: dict[Variant, Callable[[], Any]] = {Variant.NO_GRAPH: lambda: runner.compiled(*args)}
+    runs: dict[Variant, Callable[[], Any]] = {}
+    if no_graph_samples is None:
+        runs[Variant.NO_GRAPH] = lambda: runner.compiled(*args)
     for variant, graph in graphs.items():
         if variant in candidates:
             runs[variant] = _bound_run(slot, variant, graph, args)
-    samples = time_variants(
+    timed = time_variants(
         runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
     )
+    # No-graph samples taken before the capture (_reference_first) join the graphs' own.
+    samples = {Variant.NO_GRAPH: no_graph_samples, **timed} if no_graph_samples is not None else timed
     med = medians(samples)
     decision = Decision(
         choose(med),

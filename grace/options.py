@@ -64,6 +64,14 @@ class GraceOptions:
         warmup_calls: calls run without a graph before the first capture of a signature.
         check_numerics: compare each graph variant's outputs with the no-graph outputs once, before
             keeping it. Turning this off is unsafe and only meant for debugging.
+        host_reference_bytes: for a callable that mutates none of its inputs, the deciding call runs
+            the no-graph reference before any capture; when its outputs hold at least this many bytes,
+            they are copied to host memory and freed, the no-graph variant's SCG samples are taken
+            before the capture too, and the graph variants (the returned replay included) are compared
+            with the host copy, chunk by chunk: no no-graph output shares the device with a graph's
+            outputs (Note: [Deciding-call memory] in grace.decide). Such a graph is compared with the
+            no-graph callable again at its first call with inputs at other addresses, not at its first
+            steady call. 0 turns this off.
         max_recaptures: times a graph is re-captured because a static input (parameter, buffer)
             moved to a new address before giving up on graphs for that signature. The graphs of
             earlier addresses are kept and used again when those addresses come back (one callable
@@ -84,6 +92,7 @@ class GraceOptions:
     max_graphs_per_callable: int = 8
     warmup_calls: int = 1
     check_numerics: bool = True
+    host_reference_bytes: int = 4 << 20
     max_recaptures: int = 3
 
     def __post_init__(self) -> None:
@@ -105,6 +114,7 @@ class GraceOptions:
             "max_graphs_per_callable": 1,
             "warmup_calls": 0,
             "max_recaptures": 0,
+            "host_reference_bytes": 0,
         }
         for name, low in minimums.items():
             value = getattr(self, name)

@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -174,6 +174,15 @@ COMPARE_CHUNK = 1 << 18  # elements per comparison step: bounds the temporaries 
 # (a few chunk-sized tensors, about 4 MiB for float32: small next to the outputs compared)
 
 
+def _chunk_pairs(reference: Any, candidate: Any) -> Iterator[tuple[Any, Any]]:
+    """Flat chunks of ``COMPARE_CHUNK`` elements of both tensors, on the candidate's device: a reference
+    held elsewhere (in host memory, grace.hostref) travels one chunk at a time."""
+    flat_ref, flat_cand = reference.reshape(-1), candidate.reshape(-1)
+    for start in range(0, flat_cand.numel(), COMPARE_CHUNK):
+        chunk = flat_ref[start : start + COMPARE_CHUNK]
+        yield chunk.to(flat_cand.device), flat_cand[start : start + COMPARE_CHUNK]
+
+
 def _allclose_in_chunks(reference: Any, candidate: Any, rtol: float, atol: float) -> bool:
     """``torch.allclose`` (NaNs equal), computed over flat chunks of ``COMPARE_CHUNK`` elements.
 
@@ -183,37 +192,27 @@ def _allclose_in_chunks(reference: Any, candidate: Any, rtol: float, atol: float
     are combined on the device, so the host waits once."""
     import torch
 
-    n = reference.numel()
-    if n <= COMPARE_CHUNK:
-        return bool(torch.allclose(reference, candidate, rtol=rtol, atol=atol, equal_nan=True))
-    flat_ref, flat_cand = reference.reshape(-1), candidate.reshape(-1)
     verdicts = [
-        torch.isclose(
-            flat_ref[start : start + COMPARE_CHUNK],
-            flat_cand[start : start + COMPARE_CHUNK],
-            rtol=rtol,
-            atol=atol,
-            equal_nan=True,
-        ).all()
-        for start in range(0, n, COMPARE_CHUNK)
+        torch.isclose(ref, cand, rtol=rtol, atol=atol, equal_nan=True).all()
+        for ref, cand in _chunk_pairs(reference, candidate)
     ]
-    return bool(torch.stack(verdicts).all())
+    return bool(torch.stack(verdicts).all()) if verdicts else True
+
+
+def _equal_in_chunks(reference: Any, candidate: Any) -> bool:
+    import torch
+
+    verdicts = [torch.equal(ref, cand) for ref, cand in _chunk_pairs(reference, candidate)]
+    return all(verdicts)
 
 
 def _max_abs_difference(reference: Any, candidate: Any) -> float:
     """The largest ``|reference - candidate|`` in float64 (NaN counts as infinite), chunk by chunk."""
     import torch
 
-    flat_ref, flat_cand = reference.reshape(-1), candidate.reshape(-1)
     worst = [
-        torch.nan_to_num(
-            (
-                flat_ref[start : start + COMPARE_CHUNK].double()
-                - flat_cand[start : start + COMPARE_CHUNK].double()
-            ).abs(),
-            nan=math.inf,
-        ).max()
-        for start in range(0, reference.numel(), COMPARE_CHUNK)
+        torch.nan_to_num((ref.double() - cand.double()).abs(), nan=math.inf).max()
+        for ref, cand in _chunk_pairs(reference, candidate)
     ]
     return float(torch.stack(worst).max()) if worst else 0.0
 
@@ -232,12 +231,11 @@ def outputs_match(reference: Any, candidate: Any, path: str = "output") -> str |
             )
         if reference.dtype.is_floating_point or reference.dtype.is_complex:
             rtol, atol = _TOLERANCES.get(str(reference.dtype), (1e-2, 1e-2))
-            ok = _allclose_in_chunks(reference, candidate.to(reference.device), rtol, atol)
-            if not ok:
-                worst = _max_abs_difference(reference, candidate.to(reference.device))
+            if not _allclose_in_chunks(reference, candidate, rtol, atol):
+                worst = _max_abs_difference(reference, candidate)
                 return f"{path}: max abs difference {worst:.3g} (rtol {rtol}, atol {atol})"
             return None
-        if not torch.equal(reference, candidate.to(reference.device)):
+        if not _equal_in_chunks(reference, candidate):
             return f"{path}: integer/bool values differ"
         return None
     if isinstance(reference, (list, tuple)) and isinstance(candidate, (list, tuple)):

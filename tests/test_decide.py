@@ -256,7 +256,7 @@ def test_without_a_passing_graph_the_reference_itself_is_returned(monkeypatch: p
     args = _inputs()
     (out,) = grace.decide.decide(slot, args)
     assert slot.decision is not None and slot.decision.source == DecisionSource.ONLY_CANDIDATE
-    reference = setup.compiled_outputs[2]()  # two captures, then the reference run
+    reference = setup.compiled_outputs[0]()  # no side effects: the reference runs before the captures
     assert reference is out
     torch.testing.assert_close(out, args[0] * 2 + args[1])
 
@@ -342,3 +342,84 @@ def test_a_stuck_direct_graph_is_caught_by_the_first_call_at_other_addresses(
     torch.testing.assert_close(out, elsewhere[0] * 2 + elsewhere[1])
     assert slot.record.variant == Variant.NO_GRAPH
     assert "numeric_mismatch" in {r.code.value for r in slot.record.skip_reasons}
+
+
+# --- option host_reference_bytes: large outputs compared with a reference in host memory --------------
+
+
+def _offload_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stands for grace.hostref.offload on outputs above the threshold (CPU tensors never move)."""
+    monkeypatch.setattr(
+        grace.decide, "offload", lambda value, min_bytes: (tuple(v.clone() for v in value), True)
+    )
+
+
+def test_large_outputs_are_timed_without_a_graph_before_any_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    _offload_everything(monkeypatch)
+    events: list[Any] = []
+    capture = setup.capture
+
+    def logged_capture(*args: Any, **kwargs: Any) -> CapturedGraph:
+        events.append("capture")
+        return capture(*args, **kwargs)
+
+    def time_variants(runs: Mapping[Variant, Any], **kwargs: Any) -> dict[Variant, list[float]]:
+        events.append(tuple(runs))
+        for run in runs.values():
+            run()
+        return {v: [2.0 if v == Variant.NO_GRAPH else 1.0] * 3 for v in runs}
+
+    monkeypatch.setattr(grace.decide, "capture_graph", logged_capture)
+    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    slot = setup.slot(pi_direct=True)
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert events == [(Variant.NO_GRAPH,), "capture", (Variant.GRAPH_PI,)]
+    assert slot.decision is not None and slot.decision.source == DecisionSource.PROFILED
+    assert slot.decision.medians_ms == {"no_graph": 2.0, "graph_pi": 1.0}
+    assert slot.record.variant == Variant.GRAPH_PI
+    # the returned replay was compared with the host copy: only a move of the inputs is checked later
+    assert slot.verify_calls == 0 and slot.verify_ptrs is not None
+
+
+def test_a_returned_replay_that_differs_from_the_host_reference_drops_the_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(monkeypatch)
+    _offload_everything(monkeypatch)
+    replay = FakeCudaGraph.replay
+
+    def wrong_from_the_second_replay(self: FakeCudaGraph) -> None:
+        replay(self)
+        if self.replays > 1:
+            assert self.owner is not None
+            self.owner.outputs[0].add_(1.0)
+
+    monkeypatch.setattr(FakeCudaGraph, "replay", wrong_from_the_second_replay)
+    slot = setup.slot(scg=False, pi_direct=True)
+    args = _inputs()
+    (out,) = grace.decide.decide(slot, args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert slot.decision is not None and slot.decision.numeric_checks["graph_pi"] == "pass"
+    assert slot.record.variant == Variant.NO_GRAPH and slot.graph is None
+    details = [r.detail for r in slot.record.skip_reasons if r.code.value == "numeric_mismatch"]
+    assert len(details) == 1 and "at the deciding call's replay" in details[0]
+
+
+def test_small_outputs_keep_the_interleaved_timing_and_the_verified_replays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(monkeypatch)
+    timed: list[tuple[Variant, ...]] = []
+
+    def time_variants(runs: Mapping[Variant, Any], **kwargs: Any) -> dict[Variant, list[float]]:
+        timed.append(tuple(runs))
+        return {v: [2.0 if v == Variant.NO_GRAPH else 1.0] * 3 for v in runs}
+
+    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    slot = setup.slot(pi_direct=True)
+    grace.decide.decide(slot, _inputs())
+    assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI)]
+    assert slot.verify_calls == 1  # the returned replay was the first of two verified ones

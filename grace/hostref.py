@@ -1,0 +1,49 @@
+"""No-graph reference outputs held in host memory while a graph's outputs are compared with them.
+
+Problem: checking a graph variant against the no-graph callable needs both outputs at once. A graph
+holds its outputs in its pool for as long as it lives, so a no-graph run after the capture puts a second
+copy of the outputs on the device: when outputs are as large as the inputs, that copy is what puts
+grace's first calls above PyTorch's cudagraph trees in peak memory (Note: [Deciding-call memory] in
+grace.decide).
+
+Design: ``offload`` copies every CUDA tensor of an output tree to host memory (structure and non-tensor
+values kept) when the tree holds at least a given number of bytes; ``grace.scg.outputs_match`` brings
+such a reference back one chunk at a time. The copy waits for the device, so the device tensors are
+freed as soon as the caller drops them.
+
+Invariants: only CUDA tensors move (lists and tuples are rebuilt, everything else is returned as is); a
+tree below the threshold is returned unchanged, object for object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def cuda_bytes(value: Any) -> int:
+    """Bytes held by the CUDA tensors of an output tree."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size() if value.is_cuda else 0
+    if isinstance(value, (list, tuple)):
+        return sum(cuda_bytes(v) for v in value)
+    return 0
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu") if value.is_cuda else value
+    if isinstance(value, tuple):
+        return tuple(_to_host(v) for v in value)
+    if isinstance(value, list):
+        return [_to_host(v) for v in value]
+    return value
+
+
+def offload(value: Any, min_bytes: int) -> tuple[Any, bool]:
+    """``(tree, moved)``: ``value`` with its CUDA tensors copied to the host when they hold at least
+    ``min_bytes`` bytes (``min_bytes`` 0: never), else ``value`` itself."""
+    if min_bytes <= 0 or cuda_bytes(value) < min_bytes:
+        return value, False
+    return _to_host(value), True
