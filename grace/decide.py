@@ -95,7 +95,10 @@ freed, and the no-graph variant's SCG samples, which are then not interleaved wi
 checks and the returned replay compare with the host copy chunk by chunk, and the first steady call is
 not compared again (the returned replay was, on the same inputs). Peak: max(O + W, the kept graph's pool
 + C): about O for O = U. The first call with inputs at other addresses is still compared with the
-no-graph callable (2O then, outside the first calls).
+no-graph callable (2O then, outside the first calls). Measured on the H200 (results/gpu-checks/
+memory-h200-2026-11-29.json): one output per input, 261 MiB against pt2cg's 260 MiB (516 MiB before);
+elementwise_64x1m, 261 MiB against 512 MiB; in the suites, pyhpc equation of state 9 MiB against 16 MiB
+and turbulent kinetic energy 21 MiB against 24 MiB.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_chunked_comparison_finds_a_difference_in_the_last_chunk() -> None:
 def test_cuda_outputs_move_to_the_host_above_the_threshold_and_compare_against_the_device() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    big = torch.randn(COMPARE_CHUNK * 16 + 7, device="cuda")
+    big = torch.randn(COMPARE_CHUNK * 64 + 7, device="cuda")
     tree = (big, [torch.arange(10, device="cuda"), None], "label")
     assert cuda_bytes(tree) == big.nbytes + 10 * 8
     kept, moved = offload(tree, cuda_bytes(tree) + 1)
