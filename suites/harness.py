@@ -12,7 +12,8 @@ Invariants:
 - ``compile_s`` is the wall time of the first call (Dynamo + backend compile + one run);
   ``peak_mem_bytes`` is the peak allocated during compile and warm-up above what was allocated before;
   ``resident_mem_bytes`` what stays allocated after warm-up (graph pools, static inputs and outputs):
-  the memory a mode holds between calls.
+  the memory a mode holds between calls. Both start from no cuBLAS workspace, so a mode that runs
+  matmuls counts its own.
 - Failures are values (``Failure``), never exceptions escaping to pytest: an OOM or crash in one mode
   does not hide the others.
 """
@@ -217,8 +218,14 @@ class PreparedWorkload:
             return None
         # Garbage of earlier modes freed inside this mode's window would lower memory_allocated below
         # the base: this mode's peak would read too low (down to 0) and its resident memory negative.
+        # cuBLAS's workspaces (about 33 MiB each on the H200) are such memory: cudagraph trees free them
+        # before recording (pt2cg read 0 MiB, resident -66 MiB, on the 2026-11-29 H200 runs) and the next
+        # mode to run a matmul allocates them again. Each mode starts without them and pays its own.
         gc.collect()
         torch.cuda.synchronize(self.device)
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.reset_peak_memory_stats(self.device)
         return int(torch.cuda.memory_allocated(self.device))
 

@@ -286,3 +286,18 @@ def test_performance_flow_with_a_stand_in_gpu(
     assert "warm-up" in (records["pt2cg-nopartition"].reason or "")
     assert grace_record.status is PerformanceStatus.OK and grace_record.copy_bytes_per_replay == 16
     assert list(grace_record.details["grace_stats"]) == [f"g{len(slots) - 1}"]
+
+
+def test_each_mode_window_starts_without_cublas_workspaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cudagraph trees free cuBLAS's workspaces before recording: a window that began with them alive
+    read pt2cg's peak as 0 and charged the next mode for allocating them again."""
+    import types
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"), raising=False)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: calls.append("base") or 7)
+    stand_in = types.SimpleNamespace(device=torch.device("cuda"))
+    assert harness.PreparedWorkload._reset_peak(stand_in) == 7  # type: ignore[arg-type]
+    assert calls == ["synchronize", "clear", "reset", "base"]
