@@ -105,7 +105,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -159,13 +158,14 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     graphs = _capture_variants(slot, args, mutated)
     direct = any(g.borrowed for g in graphs.values())
 
+    on_host, pretimed = False, None
     if early is not None:
-        reference: Any = early.value
-        early.value = None  # ``reference`` is its only holder: dropped before the timing
+        reference, on_host, pretimed = early
+        del early  # ``reference`` is the only holder: it is dropped before the timing
     else:
         restore()
         reference = runner.compiled(*args)
-    host_reference = reference if early is not None and early.on_host else None
+    host_reference = reference if on_host else None
     reference_state = [args[i].clone() for i in mutated]
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
@@ -200,7 +200,6 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         reference = None
         reference_state = []
 
-    pretimed = early.no_graph_samples if early is not None else None
     decision = _choose(slot, args, graphs, candidates, checks, bool(mutated), pretimed)
     for variant, graph in graphs.items():
         if variant != decision.variant:
@@ -234,29 +233,21 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     return _returned_replay(slot, args, host_reference)
 
 
-@dataclass
-class EarlyReference:
-    """The no-graph reference of a callable without side effects, run before any capture: on the
-    device, or in host memory (``on_host``) with the no-graph variant's SCG samples taken then."""
-
-    value: Any
-    on_host: bool
-    no_graph_samples: list[float] | None = None
-
-
-def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> EarlyReference | None:
+def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> tuple[Any, bool, list[float] | None] | None:
+    """(reference, in host memory, no-graph SCG samples) for a callable without side effects, run
+    before any capture: the samples are taken then only for a reference held in host memory."""
     runner = slot.runner
     options = runner.options
     if options.host_reference_bytes <= 0:
         return None
     value, on_host = offload(runner.compiled(*args), options.host_reference_bytes)
     if not (on_host and options.scg):
-        return EarlyReference(value, on_host)
+        return value, on_host, None
     runs: dict[Variant, Callable[[], Any]] = {Variant.NO_GRAPH: lambda: runner.compiled(*args)}
     samples = time_variants(
         runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
     )
-    return EarlyReference(value, on_host, samples[Variant.NO_GRAPH])
+    return value, on_host, samples[Variant.NO_GRAPH]
 
 
 def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any) -> Any:
@@ -270,9 +261,7 @@ def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any) 
     problem = outputs_match(host_reference, out) or graph_health(graph)
     if problem is None:
         return out
-    value = getattr(slot.record.variant, "value", slot.record.variant)
-    reason = f"{value} at the deciding call's replay: {problem}"
-    slot.set_no_graph(SkipReason(SkipCode.NUMERIC_MISMATCH, reason))
+    slot.drop_for_mismatch(slot.record.variant, "deciding call's replay", problem)
     return slot.runner.compiled(*args)
 
 

@@ -17,9 +17,22 @@ tree below the threshold is returned unchanged, object for object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """``value`` with ``fn`` applied to each tensor of it, through lists and tuples (rebuilt); any
+    other value is returned as is."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(map_tensors(fn, v) for v in value)
+    if isinstance(value, list):
+        return [map_tensors(fn, v) for v in value]
+    return value
 
 
 def cuda_bytes(value: Any) -> int:
@@ -31,14 +44,8 @@ def cuda_bytes(value: Any) -> int:
     return 0
 
 
-def _to_host(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu") if value.is_cuda else value
-    if isinstance(value, tuple):
-        return tuple(_to_host(v) for v in value)
-    if isinstance(value, list):
-        return [_to_host(v) for v in value]
-    return value
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu") if tensor.is_cuda else tensor
 
 
 def offload(value: Any, min_bytes: int) -> tuple[Any, bool]:
@@ -46,4 +53,4 @@ def offload(value: Any, min_bytes: int) -> tuple[Any, bool]:
     ``min_bytes`` bytes (``min_bytes`` 0: never), else ``value`` itself."""
     if min_bytes <= 0 or cuda_bytes(value) < min_bytes:
         return value, False
-    return _to_host(value), True
+    return map_tensors(_to_host, value), True

@@ -217,9 +217,13 @@ class GraphSlot:
             return self._replay_failed(args, exc)
         if problem is None:
             return out
+        self.drop_for_mismatch(variant, when, problem)
+        return reference
+
+    def drop_for_mismatch(self, variant: Any, when: str, problem: str) -> None:
+        """No graph from now on: ``variant`` differed from the no-graph output at ``when``."""
         value = getattr(variant, "value", variant)
         self.set_no_graph(SkipReason(SkipCode.NUMERIC_MISMATCH, f"{value} at the {when}: {problem}"))
-        return reference
 
     # --- transitions -----------------------------------------------------------------------
 

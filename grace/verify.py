@@ -32,17 +32,12 @@ from typing import Any
 import torch
 
 from grace.capture import CapturedGraph, dense_view
+from grace.hostref import map_tensors
 from grace.scg import outputs_match
 
 
 def _clone_tree(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, tuple):
-        return tuple(_clone_tree(v) for v in value)
-    if isinstance(value, list):
-        return [_clone_tree(v) for v in value]
-    return value
+    return map_tensors(lambda t: t.detach().clone(), value)
 
 
 def synchronize(device: torch.device | None) -> None:

@@ -72,9 +72,28 @@ def _pt2cg_peak(f: Callable[..., Any], inputs: list[torch.Tensor]) -> int:
     return peak
 
 
-def _grace(f: Callable[..., Any], tmp_path: Path) -> Callable[..., Any]:
-    # Default options; an empty decision cache, so the variants are captured, checked and timed.
-    return torch.compile(f, backend=GraceBackend(GraceOptions(cache_dir=str(tmp_path))))
+def _grace(f: Callable[..., Any], tmp_path: Path, **options: Any) -> Callable[..., Any]:
+    # Default options unless given; an empty decision cache, so the variants are captured, checked, timed.
+    return torch.compile(f, backend=GraceBackend(GraceOptions(cache_dir=str(tmp_path), **options)))
+
+
+def _measure(
+    name: str, f: Callable[..., Any], inputs: list[torch.Tensor], tmp_path: Path, **options: Any
+) -> tuple[Callable[..., Any], int, int, list[dict[str, Any]]]:
+    """(grace's compiled ``f``, its peak, pt2cg's peak, grace's stats), the figures saved as ``name``."""
+    pt2cg = _pt2cg_peak(f, inputs)
+    compiled = _grace(f, tmp_path, **options)
+    peak = _peak(compiled, inputs)
+    snapshot = stats.snapshot()
+    _save(name, {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
+    return compiled, peak, pt2cg, snapshot
+
+
+def _assert_within_10_percent(peak: int, pt2cg: int, snapshot: list[dict[str, Any]]) -> None:
+    assert peak <= 1.10 * pt2cg, (
+        f"grace {peak / MIB:.0f} MiB vs pt2cg {pt2cg / MIB:.0f} MiB ({peak / pt2cg:.2f}x); "
+        f"variants {[r['variant'] for r in snapshot]}"
+    )
 
 
 def _assert_same(got: Any, want: Any) -> None:
@@ -107,15 +126,9 @@ def _save(name: str, payload: dict[str, Any]) -> None:
 
 def test_peak_within_10_percent_of_pt2cg_with_outputs_small_next_to_inputs(tmp_path: Path) -> None:
     inputs = _inputs()
-    pt2cg = _pt2cg_peak(combine, inputs)  # not held to >= U: 194 MiB on torch 2.11 (U = 256 MiB)
-    compiled = _grace(combine, tmp_path)
-    peak = _peak(compiled, inputs)
-    snapshot = stats.snapshot()
-    _save("memory_combine", {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
-    assert peak <= 1.10 * pt2cg, (
-        f"grace {peak / MIB:.0f} MiB vs pt2cg {pt2cg / MIB:.0f} MiB ({peak / pt2cg:.2f}x); "
-        f"variants {[r['variant'] for r in snapshot]}"
-    )
+    # pt2cg's peak is not held to >= U: 194 MiB on torch 2.11 (U = 256 MiB)
+    compiled, peak, pt2cg, snapshot = _measure("memory_combine", combine, inputs, tmp_path)
+    _assert_within_10_percent(peak, pt2cg, snapshot)
     _check_numerics_after_moves(compiled, combine, inputs)
     assert any(r["decision"] is not None for r in stats.snapshot())
 
@@ -125,15 +138,8 @@ def test_peak_within_10_percent_of_pt2cg_with_outputs_as_large_as_inputs(tmp_pat
     no-graph samples taken before the capture; pt2cg reuses the memory of its input copies for the
     outputs (about U)."""
     inputs = _inputs()
-    pt2cg = _pt2cg_peak(each, inputs)
-    compiled = _grace(each, tmp_path)
-    peak = _peak(compiled, inputs)
-    snapshot = stats.snapshot()
-    _save("memory_each", {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
-    assert peak <= 1.10 * pt2cg, (
-        f"grace {peak / MIB:.0f} MiB vs pt2cg {pt2cg / MIB:.0f} MiB ({peak / pt2cg:.2f}x); "
-        f"variants {[r['variant'] for r in snapshot]}"
-    )
+    compiled, peak, pt2cg, snapshot = _measure("memory_each", each, inputs, tmp_path)
+    _assert_within_10_percent(peak, pt2cg, snapshot)
     _check_numerics_after_moves(compiled, each, inputs)
 
 
@@ -148,17 +154,12 @@ def test_direct_pi_peak_within_10_percent_of_pt2cg_on_the_64x1m_workload(tmp_pat
     of the input and its output while its one kernel runs (U + O)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     inputs = [torch.randn(INPUTS, NUMEL, device="cuda", generator=gen)]
-    pt2cg = _pt2cg_peak(three_elementwise, inputs)
-    options = GraceOptions(cache_dir=str(tmp_path), pi_direct=True)
-    compiled = torch.compile(three_elementwise, backend=GraceBackend(options))
-    peak = _peak(compiled, inputs)
-    snapshot = stats.snapshot()
-    _save("memory_64x1m_direct", {"grace_peak": peak, "pt2cg_peak": pt2cg, "stats": snapshot})
+    compiled, peak, pt2cg, snapshot = _measure(
+        "memory_64x1m_direct", three_elementwise, inputs, tmp_path, pi_direct=True
+    )
     graph_pi = [r for r in snapshot if r["variant"] == "graph_pi"]
     assert graph_pi, f"PI was not kept: {[(r['variant'], r['skip_reasons']) for r in snapshot]}"
     assert not any(s["code"] == "pi_direct_declined" for r in snapshot for s in r["skip_reasons"])
-    assert peak <= 1.10 * pt2cg, (
-        f"grace {peak / MIB:.0f} MiB vs pt2cg {pt2cg / MIB:.0f} MiB ({peak / pt2cg:.2f}x)"
-    )
+    _assert_within_10_percent(peak, pt2cg, snapshot)
     _check_numerics_after_moves(compiled, three_elementwise, inputs)
     assert {r["variant"] for r in stats.snapshot()} == {"graph_pi"}  # the moved inputs kept it
