@@ -197,7 +197,9 @@ class Tool:
     release: str
 
 
+@functools.cache
 def _tool(path: str | os.PathLike[str]) -> Tool:
+    """The tool at ``path`` with its release (asked once per path: a build may ask for every kernel)."""
     out = subprocess.run([os.fspath(path), "--version"], capture_output=True, text=True, check=True).stdout
     match = re.search(r"release (\d+\.\d+)", out)
     if match is None:
