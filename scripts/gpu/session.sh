@@ -7,6 +7,7 @@
 #   cgct        scripts/gpu/cgct_check.py $GRACE_CGCT_ARGS (kernels in graphs, with and without partitions)
 #   pi          scripts/gpu/pi_gpu_check.py (PI numerics after moves, bytes per replay, timing)
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
+#   probe       scripts/gpu/probe.py $GRACE_PROBE_ARGS (peak memory per call and mode, host time per call)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 # Everything lands in one bundle.tar.gz (plus the store export and the log) in $OUT.
 # Wheels: a directory named by $GRACE_WHEELS (default: .carry/wheels) holding SQLAlchemy, Alembic and
@@ -53,6 +54,10 @@ for spec in "${STEPS[@]}"; do
     repro)
       timeout -s INT -k 20 "$limit" python scripts/gpu/repro_linears.py --trials 500 --out "$OUT/repro" \
         --deadline-s "$((limit - 30))" ;;
+    probe)
+      # shellcheck disable=SC2086  # GRACE_PROBE_ARGS holds several words on purpose
+      timeout -s INT -k 20 "$limit" python scripts/gpu/probe.py --out "$OUT/probe" \
+        --deadline-s "$((limit - 40))" ${GRACE_PROBE_ARGS:-} ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
     *) log "unknown step $step" ;;

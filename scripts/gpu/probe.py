@@ -1,0 +1,261 @@
+"""Diagnostic probes on one GPU: where grace's peak memory and per-call host time go.
+
+Sections (each written to ``probe.json`` under ``--out`` as it finishes):
+
+``memory``: for each workload (standard tier) and each mode (inductor, pt2cg, grace with default
+options, and grace with one technique or option changed), the suites' memory window
+(suites/harness.py: no cuBLAS workspace, peak reset, base = allocated) over five calls with outputs
+dropped; per call the peak and the allocated bytes above the base, and grace's graphs (variant,
+signature) after the call.
+
+``host``: on elementwise_64x1m, host microseconds per call of each mode measured over back-to-back calls
+with no synchronisation inside (the device queue absorbs them), the device time per call of the same
+calls (CUDA events), a bare ``CUDAGraph.replay`` of a one-kernel graph for reference, and a cProfile of
+grace's calls (top functions by own time).
+
+Run from the repository root: ``python scripts/gpu/probe.py --out DIR [--sections memory,host]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import gc
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import grace
+from grace.backend import GraceBackend
+from grace.options import GraceOptions
+
+MEMORY_WORKLOADS = (
+    "XLNetLMHeadModel",
+    "MT5ForConditionalGeneration",
+    "cpu_position_ids",
+    "nvidia_deeprecommender",
+    "DistilGPT2",
+    "llm_decode_static_kv",
+)
+GRACE_VARIANTS: dict[str, dict[str, Any]] = {
+    "grace": {},
+    "grace-scg-off": {"scg": False},
+    "grace-pi-off": {"pi": False},
+    "grace-no-check": {"check_numerics": False},
+}
+CALLS = 5
+MIB = 1 << 20
+
+
+def build(name: str) -> tuple[Any, tuple[Any, ...]]:
+    from suites.workloads import get
+
+    model, inputs = get(name).factory("standard")(torch.device("cuda"), torch.float32)
+    if hasattr(model, "eval"):
+        model = model.eval()
+    return model, tuple(inputs)
+
+
+def clone(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+
+
+def window_base() -> int:
+    gc.collect()
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def graphs() -> list[tuple[Any, ...]]:
+    return [
+        (r.get("graph_hash"), r.get("signature"), r.get("variant"), r.get("calls"))
+        for r in grace.stats.snapshot()
+        if r.get("graph_hash")
+    ]
+
+
+def memory_one(name: str, mode: str, cache_dir: str) -> dict[str, Any]:
+    torch._dynamo.reset()
+    grace.reset()
+    grace.stats.reset()
+    model, inputs = build(name)
+    model = copy.deepcopy(model)
+    inputs = clone(inputs)
+    base = window_base()
+    if mode == "inductor":
+        fn: Callable[..., Any] = torch.compile(model)
+    elif mode == "pt2cg":
+        fn = torch.compile(model, mode="reduce-overhead")
+    else:
+        options = GraceOptions(cache_dir=f"{cache_dir}/{name}-{mode}", **GRACE_VARIANTS[mode])
+        fn = torch.compile(model, backend=GraceBackend(options))
+    per_call = []
+    with torch.no_grad():
+        for _ in range(CALLS):
+            out = fn(*inputs)
+            del out
+            torch.cuda.synchronize()
+            per_call.append(
+                {
+                    "peak_mib": (torch.cuda.max_memory_allocated() - base) / MIB,
+                    "allocated_mib": (torch.cuda.memory_allocated() - base) / MIB,
+                    "reserved_mib": torch.cuda.memory_reserved() / MIB,
+                }
+            )
+    result = {"per_call": per_call, "graphs": graphs() if mode.startswith("grace") else []}
+    del fn, model, inputs
+    torch._dynamo.reset()
+    grace.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def memory(cache_dir: str, deadline: float, save: Callable[[str, Any], None]) -> None:
+    modes = ("inductor", "pt2cg", *GRACE_VARIANTS)
+    for name in MEMORY_WORKLOADS:
+        for mode in modes:
+            if time.monotonic() > deadline:
+                save(f"memory/{name}/{mode}", {"error": "deadline"})
+                continue
+            t0 = time.monotonic()
+            try:
+                value = memory_one(name, mode, cache_dir)
+            except Exception as exc:
+                value = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+            value["seconds"] = round(time.monotonic() - t0, 1)
+            last = value.get("per_call", [{}])[-1]
+            print(
+                f"memory {name} {mode}: peak {last.get('peak_mib', '-')} MiB",
+                value.get("error", ""),
+                flush=True,
+            )
+            save(f"memory/{name}/{mode}", value)
+
+
+def host(cache_dir: str, save: Callable[[str, Any], None]) -> None:
+    torch._dynamo.reset()
+    grace.reset()
+    model, inputs = build("elementwise_64x1m")
+    sets = [inputs, clone(inputs)]
+    modes = {
+        "inductor": torch.compile(model),
+        "pt2cg": torch.compile(model, mode="reduce-overhead"),
+        "grace_pi": torch.compile(model, backend=GraceBackend(GraceOptions(cache_dir=cache_dir, scg=False))),
+        "grace": torch.compile(model, backend=GraceBackend(GraceOptions(cache_dir=cache_dir + "-scg"))),
+    }
+    result: dict[str, Any] = {}
+    n = 200
+    with torch.no_grad():
+        for fn in modes.values():
+            for i in range(8):
+                fn(*sets[i % 2])
+        torch.cuda.synchronize()
+        for mode, fn in modes.items():
+            host_us, device_us = [], []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                t0 = time.perf_counter()
+                for i in range(n):
+                    fn(*sets[i % 2])
+                t1 = time.perf_counter()
+                end.record()
+                torch.cuda.synchronize()
+                host_us.append((t1 - t0) / n * 1e6)
+                device_us.append(start.elapsed_time(end) / n * 1e3)
+            result[mode] = {"host_us_per_call": host_us, "device_us_per_call": device_us}
+            print(
+                f"host {mode}: host {min(host_us):.1f} us/call, device {min(device_us):.1f} us/call",
+                flush=True,
+            )
+        # the runner alone, without Dynamo's frame and guards
+        from grace import runner as grace_runner
+
+        live = [r for r in list(grace_runner._live_runners) if r.slots]
+        if live:
+            runner = live[0]
+            ts = [tuple(s) for s in sets]
+            t0 = time.perf_counter()
+            for i in range(n):
+                runner(*ts[i % 2])
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            result["runner_alone_us_per_call"] = (t1 - t0) / n * 1e6
+        # a bare one-kernel graph replay
+        x = torch.zeros(1024, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            x.add_(1)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            x.add_(1)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            g.replay()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        result["bare_replay_us_per_call"] = (t1 - t0) / n * 1e6
+        prof = cProfile.Profile()
+        fn = modes["grace_pi"]
+        prof.enable()
+        for i in range(n):
+            fn(*sets[i % 2])
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(35)
+        result["cprofile_grace_pi"] = text.getvalue()[-12000:]
+        result["grace_graphs"] = graphs()
+    save("host", result)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sections", default="host,memory")
+    parser.add_argument("--deadline-s", type=float, default=300.0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.deadline_s
+    results: dict[str, Any] = {"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
+    path = args.out / "probe.json"
+
+    def save(key: str, value: Any) -> None:
+        results[key] = value
+        path.write_text(json.dumps(results, indent=1, default=str))
+
+    cache_dir = tempfile.mkdtemp(prefix="grace-probe-")
+    for section in args.sections.split(","):
+        try:
+            if section == "host":
+                host(cache_dir, save)
+            elif section == "memory":
+                memory(cache_dir, deadline, save)
+        except Exception as exc:
+            save(f"{section}-error", traceback.format_exc()[-3000:])
+            print(f"{section}: ERROR {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
