@@ -18,6 +18,7 @@ Invariants:
   replay and copies mutated dynamic inputs back after it;
 - a failed capture leaves no capture open on the stream (``capture_end`` in ``finally``) and raises
   ``CaptureError`` carrying a ``SkipReason``;
+- no graph reads a cuBLAS workspace outside its own pool (Note: [cuBLAS workspaces]);
 - placeholders live in the default pool, never in a graph's private pool, so they can be shared: the
   deciding call captures the graph-with-copies and the PI graph against one set of placeholders
   (``capture_graph(..., placeholders=...)``), which halves the placeholder memory of a decision. Two
@@ -26,6 +27,17 @@ Invariants:
 - a graph captured on the caller's own inputs (``borrow_inputs``, option ``pi_direct``) keeps no
   reference to them: it has no placeholders until a call needs one (``CapturedGraph.own_placeholders``),
   and nothing is ever copied into an input of the capturing call.
+
+Note: [cuBLAS workspaces]
+cuBLAS keeps a workspace per (handle, stream) (about 32 MiB on the H200), allocated on a stream's first
+matmul. A graph captured while a workspace from the default pool exists reads and writes that memory on
+every replay, and anyone may free it (cudagraph trees clear every workspace around each recording): the
+memory would then serve other tensors while the graph still scribbles on it. So, as cudagraph trees do,
+the workspaces are cleared right before each capture (the capture allocates its own in the graph's
+private pool, alive with the graph) and right after it (the pool's block is then free in the allocator's
+books but used by nobody but the graph, since nothing else allocates from that pool). This also leaves
+one workspace, not two, in the first calls: the warm-up's on the capture stream is dropped before the
+no-graph runs on the caller's stream allocate theirs.
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
@@ -292,8 +304,9 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
 def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torch.device) -> Any:
     """Run ``fn(*args)`` on grace's side stream, ordered after and before the current stream's work.
 
-    The warm-up call runs here so that lazily created per-stream state (cuBLAS workspaces) exists before
-    the capture on the same stream.
+    The warm-up call runs here, on the stream that captures; the cuBLAS workspace it allocated for that
+    stream is dropped afterwards (Note: [cuBLAS workspaces]), so the no-graph runs that follow on the
+    caller's stream reuse its memory instead of holding a second one beside it.
     """
     stream = side_stream(device)
     current = torch.cuda.current_stream(device)
@@ -301,6 +314,7 @@ def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torc
     with torch.cuda.stream(stream):
         out = fn(*args)
     current.wait_stream(stream)
+    torch_compat.clear_cublas_workspaces()
     return out
 
 
@@ -375,6 +389,7 @@ def capture_graph(
     outputs: Any = None
     try:
         with torch.cuda.stream(stream):
+            torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
             torch_compat.capture_begin(graph)
             try:
                 outputs = fn(*capture_args)
@@ -384,6 +399,7 @@ def capture_graph(
                     )
             finally:
                 graph.capture_end()
+                torch_compat.clear_cublas_workspaces()
     except Exception as exc:
         _discard(graph)
         cuda_compat.clear_last_error()

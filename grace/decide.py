@@ -119,7 +119,7 @@ from grace.capture import (
     summary_hook,
 )
 from grace.compat import torch as torch_compat
-from grace.hostref import offload
+from grace.hostref import kept_copy, offload
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import (
     Decision,
@@ -146,7 +146,8 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     runner = slot.runner
     record = slot.record
     mutated = sorted(slot.mutated)
-    snapshot = {i: args[i].clone() for i in mutated}
+    keep_bytes = runner.options.host_reference_bytes
+    snapshot = dict(zip(mutated, kept_copy([args[i] for i in mutated], keep_bytes), strict=True))
 
     def restore() -> None:
         for i, saved in snapshot.items():
@@ -166,7 +167,7 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         restore()
         reference = runner.compiled(*args)
     host_reference = reference if on_host else None
-    reference_state = [args[i].clone() for i in mutated]
+    reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
 
@@ -218,6 +219,9 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         return slot.run(args)
 
     chosen = graphs[decision.variant]
+    # Replays use the workspace in the graph's pool: the one the no-graph runs allocated is not needed
+    # in the steady state (Note: [cuBLAS workspaces] in grace.capture).
+    torch_compat.clear_cublas_workspaces()
     slot.graph = chosen
     record.variant = decision.variant
     record.copy_bytes_per_replay = _copied_bytes(chosen, decision.variant)

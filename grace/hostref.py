@@ -11,6 +11,10 @@ values kept) when the tree holds at least a given number of bytes; ``grace.scg.o
 such a reference back one chunk at a time. The copy waits for the device, so the device tensors are
 freed as soon as the caller drops them.
 
+``kept_copy`` does the same for the snapshots a mutating callable's checks keep (its mutated inputs
+before a run, to restore them, and after the reference run, to compare): every tensor is copied, large
+trees to host memory.
+
 Invariants: only CUDA tensors move (lists and tuples are rebuilt, everything else is returned as is); a
 tree below the threshold is returned unchanged, object for object.
 """
@@ -46,6 +50,14 @@ def cuda_bytes(value: Any) -> int:
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu") if tensor.is_cuda else tensor
+
+
+def kept_copy(value: Any, min_bytes: int) -> Any:
+    """A copy of ``value``'s tensors that later writes to them do not change (a snapshot to restore or
+    compare with): in host memory when its CUDA tensors hold at least ``min_bytes`` bytes (``min_bytes``
+    0: never), else clones on their own devices."""
+    to_host = min_bytes > 0 and cuda_bytes(value) >= min_bytes
+    return map_tensors(lambda t: _to_host(t) if to_host and t.is_cuda else t.detach().clone(), value)
 
 
 def offload(value: Any, min_bytes: int) -> tuple[Any, bool]:

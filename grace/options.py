@@ -71,7 +71,9 @@ class GraceOptions:
             with the host copy, chunk by chunk: no no-graph output shares the device with a graph's
             outputs (Note: [Deciding-call memory] in grace.decide). Such a graph is compared with the
             no-graph callable again at its first call with inputs at other addresses, not at its first
-            steady call. 0 turns this off.
+            steady call. For a callable that mutates inputs, the copies its checks keep of them
+            (before a run, to restore them; after the reference run, to compare) and of the outputs
+            go to host memory from this size on. 0 turns both off.
         max_recaptures: times a graph is re-captured because a static input (parameter, buffer)
             moved to a new address before giving up on graphs for that signature. The graphs of
             earlier addresses are kept and used again when those addresses come back (one callable

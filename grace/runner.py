@@ -210,6 +210,7 @@ class GraphSlot:
                 sorted(self.mutated),
                 graph,
                 self.runner.plan.device,
+                self.runner.options.host_reference_bytes,
             )
         except Exception as exc:
             self.record.calls -= 1

@@ -175,12 +175,14 @@ COMPARE_CHUNK = 1 << 18  # elements per comparison step: bounds the temporaries 
 
 
 def _chunk_pairs(reference: Any, candidate: Any) -> Iterator[tuple[Any, Any]]:
-    """Flat chunks of ``COMPARE_CHUNK`` elements of both tensors, on the candidate's device: a reference
-    held elsewhere (in host memory, grace.hostref) travels one chunk at a time."""
+    """Flat chunks of ``COMPARE_CHUNK`` elements of both tensors, on the candidate's device (the
+    reference's when only the reference is on a GPU): a tensor held in host memory (grace.hostref)
+    travels one chunk at a time."""
     flat_ref, flat_cand = reference.reshape(-1), candidate.reshape(-1)
+    device = flat_ref.device if flat_ref.is_cuda and not flat_cand.is_cuda else flat_cand.device
     for start in range(0, flat_cand.numel(), COMPARE_CHUNK):
-        chunk = flat_ref[start : start + COMPARE_CHUNK]
-        yield chunk.to(flat_cand.device), flat_cand[start : start + COMPARE_CHUNK]
+        end = start + COMPARE_CHUNK
+        yield flat_ref[start:end].to(device), flat_cand[start:end].to(device)
 
 
 def _allclose_in_chunks(reference: Any, candidate: Any, rtol: float, atol: float) -> bool:

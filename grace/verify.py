@@ -6,13 +6,13 @@ only when something about the call changes: inputs at new addresses, a pointer t
 kernels patched on the device. A variant kept without timing (``scg=False``, or a mutating callable)
 would otherwise never be compared with eager again.
 
-Design: ``check_against_reference`` runs the graph variant, keeps a copy of what it produced (outputs
-and mutated inputs) when the callable mutates its inputs, restores the mutated inputs, runs the
-no-graph callable on the same inputs and compares, then asks the PI plan (when the variant has one)
-whether its device-side updates succeeded. A callable that mutates nothing cannot change what the
-graph's outputs hold by running again (they live in the graph's pool or view unmodified inputs), so
-they are compared in place: no copy of the outputs is alive next to the reference (Note: [Deciding-call
-memory] in grace.decide).
+Design: ``check_against_reference`` runs the graph variant, keeps a copy of what it produced (outputs and
+mutated inputs, in host memory when large: grace.hostref) when the callable mutates its inputs, restores the
+mutated inputs, runs the no-graph callable on the same inputs and compares, then asks the PI plan (when the
+variant has one) whether its device-side updates succeeded. A callable that mutates nothing cannot change what
+the graph's outputs hold by running again (they live in the graph's pool or view unmodified inputs), so they
+are compared in place: no copy of the outputs is alive next to the reference (Note: [Deciding-call memory] in
+grace.decide).
 The runner calls it on the deciding call's returned replay, on the first steady call, and on the first
 call whose dynamic inputs sit at other addresses than at the decision: a handful of extra no-graph runs
 per graph, none per steady call.
@@ -32,12 +32,8 @@ from typing import Any
 import torch
 
 from grace.capture import CapturedGraph, dense_view
-from grace.hostref import map_tensors
+from grace.hostref import kept_copy
 from grace.scg import outputs_match
-
-
-def _clone_tree(value: Any) -> Any:
-    return map_tensors(lambda t: t.detach().clone(), value)
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -62,14 +58,17 @@ def check_against_reference(
     mutated: Sequence[int],
     graph: CapturedGraph | None,
     device: torch.device | None,
+    host_bytes: int = 0,
 ) -> tuple[Any, str | None, Any]:
-    """(graph output, problem or None, no-graph output) for one call; see the module docstring."""
+    """(graph output, problem or None, no-graph output) for one call; see the module docstring.
+    ``host_bytes``: the copies a mutating callable's check keeps go to host memory from this size on
+    (``grace.hostref.kept_copy``; 0: never)."""
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
-    before = {i: args[i].clone() for i in mutated}
+    before = dict(zip(mutated, kept_copy([args[i] for i in mutated], host_bytes), strict=True))
     out = run_graph()
     # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
-    got = _clone_tree(out) if mutated else out
-    got_state = [args[i].clone() for i in mutated]
+    got = kept_copy(out, host_bytes) if mutated else out
+    got_state = kept_copy([args[i] for i in mutated], host_bytes)
     for i, saved in before.items():
         dense_view(args[i]).copy_(dense_view(saved))
     reference = compiled(*args)

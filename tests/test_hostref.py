@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grace.hostref import cuda_bytes, offload
+from grace.hostref import cuda_bytes, kept_copy, offload
 from grace.scg import COMPARE_CHUNK, outputs_match
 
 
@@ -16,6 +16,16 @@ def test_cpu_trees_and_a_zero_threshold_never_move() -> None:
     assert cuda_bytes(tree) == 0
     assert offload(tree, 1) == (tree, False)
     assert offload(tree, 0)[0] is tree
+
+
+def test_kept_copies_are_independent_and_keep_the_structure() -> None:
+    x, y = torch.ones(8), torch.arange(4)
+    for threshold in (0, 1):  # CPU tensors are cloned in place whatever the threshold
+        kept = kept_copy([x, (y, None)], threshold)
+        assert kept[1][1] is None and kept[0] is not x and kept[1][0] is not y
+        x.add_(1)
+        assert torch.equal(kept[0], torch.ones(8)) and torch.equal(kept[1][0], y)
+        x.fill_(1)
 
 
 def test_chunked_comparison_finds_a_difference_in_the_last_chunk() -> None:
@@ -53,3 +63,18 @@ def test_cuda_outputs_move_to_the_host_above_the_threshold_and_compare_against_t
     candidate[-1] += 1.0
     problem = outputs_match(host[0], candidate)
     assert problem is not None and "max abs difference" in problem
+
+
+@pytest.mark.gpu
+def test_kept_copies_of_cuda_tensors_go_to_the_host_from_the_threshold_on() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    state = torch.randn(COMPARE_CHUNK * 3 + 1, device="cuda")
+    (small,) = kept_copy([state], state.nbytes + 1)
+    (large,) = kept_copy([state], state.nbytes)
+    assert small.is_cuda and small.data_ptr() != state.data_ptr()
+    assert large.device.type == "cpu"
+    assert outputs_match(state, large) is None  # the device tensor as reference, the host copy compared
+    state[0] += 1.0
+    problem = outputs_match(state, large, "mutated input")
+    assert problem is not None and problem.startswith("mutated input")

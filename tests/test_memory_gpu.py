@@ -1,8 +1,10 @@
 """Peak CUDA memory of grace's first calls against PyTorch's cudagraph trees ("reduce-overhead"), on
-64 float32 inputs of 1M elements (U = 256 MiB), measured as suites/harness.py measures it: peak
-allocated during compile and warm-up (three calls, outputs dropped) above what was allocated before,
-the inputs included. The expected figures are derived in Note: [Deciding-call memory] (grace.decide).
-Numerics equal eager afterwards, also with the inputs at new addresses. All tests carry ``gpu``."""
+64 float32 inputs of 1M elements (U = 256 MiB), on a chain of matmuls (cuBLAS workspaces) and on a
+callable that updates a large input in place, measured as suites/harness.py measures it: peak allocated during
+compile and warm-up (three calls, outputs dropped) above what was allocated before, the inputs included,
+starting without cuBLAS workspaces. The expected figures are derived in Note: [Deciding-call memory]
+(grace.decide). Numerics equal eager afterwards, also with the inputs at new addresses. All tests carry
+``gpu``."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def _peak(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> int:
     """Peak allocated above the base during the first ``CALLS`` calls (suites/harness.py's window)."""
     gc.collect()
     torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()  # each side pays for its own cuBLAS workspace
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -163,3 +166,62 @@ def test_direct_pi_peak_within_10_percent_of_pt2cg_on_the_64x1m_workload(tmp_pat
     _assert_within_10_percent(peak, pt2cg, snapshot)
     _check_numerics_after_moves(compiled, three_elementwise, inputs)
     assert {r["variant"] for r in stats.snapshot()} == {"graph_pi"}  # the moved inputs kept it
+
+
+class _Linears(torch.nn.Module):
+    """Four Linear(1024) layers on a batch of 1024: cuBLAS kernels with a workspace, 4 MiB activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.layers(x))
+
+
+def test_matmul_peak_within_10_percent_of_pt2cg_with_one_cublas_workspace(tmp_path: Path) -> None:
+    """Note: [cuBLAS workspaces] (grace.capture): the warm-up's workspace on the capture stream is dropped
+    before the no-graph runs on the caller's stream allocate theirs, and the capture allocates its own in
+    the graph's pool; holding both (about 32 MiB each on the H200) put grace at twice pt2cg's peak."""
+    torch.manual_seed(0)
+    model = _Linears().cuda().eval()
+    inputs = [torch.randn(1024, 1024, device="cuda")]
+    compiled, peak, pt2cg, snapshot = _measure("memory_linears", model, inputs, tmp_path)
+    assert {r["variant"] for r in snapshot} & {"graph_pi", "graph_copies"}, snapshot
+    _assert_within_10_percent(peak, pt2cg, snapshot)
+    with torch.no_grad():
+        for x in (inputs[0], torch.randn_like(inputs[0])):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+
+
+def update_cache(cache: torch.Tensor, slot: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """Writes one row of a large cache in place and returns a small reduction of it (as a decoder's
+    static KV cache is used)."""
+    cache.index_copy_(0, slot, row)
+    return cache[:64].sum(dim=0)
+
+
+def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(tmp_path: Path) -> None:
+    """grace.hostref.kept_copy: the deciding call's snapshots of a mutated input (to restore it and to
+    compare it after the reference run) and the verified calls' copies go to host memory once they reach
+    host_reference_bytes; on the device they were four copies of the 64 MiB cache."""
+    cache = torch.zeros(1 << 14, 1024, device="cuda")  # 64 MiB
+    reference_cache = cache.clone()
+    compiled = _grace(update_cache, tmp_path)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        for step in range(4):
+            slot = torch.tensor([step], device="cuda")
+            row = torch.full((1, 1024), float(step + 1), device="cuda")
+            got = compiled(cache, slot, row)
+            want = update_cache(reference_cache, slot, row)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(cache, reference_cache)  # the update applied exactly once
+    peak = torch.cuda.max_memory_allocated() - base
+    snapshot = stats.snapshot()
+    _save("memory_mutated_cache", {"grace_peak": peak, "cache_bytes": cache.nbytes, "stats": snapshot})
+    assert {r["variant"] for r in snapshot} & {"graph_pi", "graph_copies"}, snapshot
+    assert peak < cache.nbytes / 4, f"peak {peak / MIB:.1f} MiB for a {cache.nbytes / MIB:.0f} MiB cache"

@@ -19,6 +19,10 @@ number, and every helper keeps one signature whatever the release. Facts relied 
   compiling process and its workers), ``torch/_inductor/bin/ptxas`` in the ``runtime/compile_tasks.py``
   of 2.13. Kernels compiled so are written for that ptxas, not for Triton's own, and a process that
   loads them from Inductor's cache never sets the variable.
+- cuBLAS (and cuBLASLt) keep one workspace per (handle, stream), allocated lazily from the caching
+  allocator on a stream's first matmul and held until ``torch._C._cuda_clearCublasWorkspaces()`` (present
+  in every supported release; cudagraph trees call it around each warm-up and recording). A workspace
+  allocated while a stream captures lands in that capture's private pool.
 - Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``) checks tensor metadata in one call; its
   constructor takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` from 2.1 on. It is probed, and the
   runner falls back to its Python signature where the probe fails.
@@ -122,6 +126,13 @@ def capture_begin(graph: Any, pool: Any = None) -> None:
         graph.capture_begin(capture_error_mode="thread_local")
     else:
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+
+
+def clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces: the next matmul on each stream allocates its own again."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None and torch.cuda.is_initialized():
+        clear()
 
 
 def is_current_stream_capturing() -> bool:

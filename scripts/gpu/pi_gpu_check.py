@@ -7,16 +7,19 @@ each one, so a lease that ends early still returns everything measured so far:
    own check); then calls on inputs at new addresses with new values, compared with eager; which
    variant ran, PI's stages, bytes per replay (PI table) against bytes per replay (input copies).
 2. ``timing``: eager, inductor, pt2cg (``mode="reduce-overhead"``), grace with PI forced and grace with
-   SCG, interleaved and rotated; each sample is the mean of ``--iters`` back-to-back calls between CUDA
-   events; inputs alternate between two sets at different addresses (so PI writes its table and pt2cg
-   copies every call). Floors: the device-busy time of one isolated inductor call (profiler), and the
-   busy time per call of 20 back-to-back inductor calls (``suites.launches.profile_steady``), the floor
-   a back-to-back figure is judged by. Per mode also: the steady-state busy, copy and idle time per call.
-   ``grace_pi`` runs with grace's default options. For the workloads of ``TABLE_UPDATE_WORKLOADS``
-   grace with PI forced also runs once per way of writing PI's pointer table, in the same rotation
-   (``pi_table_update``: ``copy``, a host-to-device copy before each replay, as ``grace_pi_copy``;
-   ``node``, the graph's fill node, as ``grace_pi_node``), and ``table_update`` reports node/copy for
-   the medians and the steady figures, and which path served.
+   SCG, interleaved and rotated; each sample is the mean of ``--iters`` (100) back-to-back calls between
+   CUDA events, a window long enough that the host time from the first call to its first kernel, paid
+   once per window from an idle device, is no part of the figure (with 10 calls it added 5-10 us per call
+   on elementwise_64x1m, where the device needs about 130 us per call); inputs alternate between two sets
+   at different addresses (so PI writes its table and pt2cg copies every call). Floors: the device-busy
+   time of one isolated inductor call (profiler), and the busy time per call of 20 back-to-back inductor
+   calls (``suites.launches.profile_steady``), the floor a back-to-back figure is judged by. Per mode
+   also: the steady-state busy, copy and idle time per call, and pt2cg over the steady floor (the most
+   any variant could gain on pt2cg). ``grace_pi`` runs with grace's default options. For the workloads of
+   ``TABLE_UPDATE_WORKLOADS`` grace with PI forced also runs once per way of writing PI's pointer table,
+   in the same rotation (``pi_table_update``: ``copy``, a host-to-device copy before each replay, as
+   ``grace_pi_copy``; ``node``, the graph's fill node, as ``grace_pi_node``), and ``table_update``
+   reports node/copy for the medians and the steady figures, and which path served.
 
 Run from the repository root on a CUDA machine: ``python scripts/gpu/pi_gpu_check.py --out DIR``.
 """
@@ -217,6 +220,7 @@ def timing(name: str, cache_dir: str, samples: int, iters: int) -> dict[str, Any
         "samples_ms": raw,
         "floor_ms": floor,
         "pt2cg_over_grace_pi": med["pt2cg"] / med["grace_pi"],
+        "pt2cg_over_steady_floor": med["pt2cg"] / steady_floor if steady_floor else None,
         "pt2cg_over_grace": med["pt2cg"] / med["grace"],
         "grace_pi_over_floor": (med["grace_pi"] / floor) if floor else None,
         "steady_floor_ms": steady_floor,
@@ -257,7 +261,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--deadline-s", type=float, default=200.0)
     parser.add_argument("--samples", type=int, default=30)
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=100)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -126,9 +126,10 @@ def memory_one(name: str, mode: str, cache_dir: str) -> dict[str, Any]:
     return result
 
 
-def memory(cache_dir: str, deadline: float, save: Callable[[str, Any], None]) -> None:
-    modes = ("inductor", "pt2cg", *GRACE_VARIANTS)
-    for name in MEMORY_WORKLOADS:
+def memory(
+    cache_dir: str, deadline: float, save: Callable[[str, Any], None], workloads: list[str], modes: list[str]
+) -> None:
+    for name in workloads:
         for mode in modes:
             if time.monotonic() > deadline:
                 save(f"memory/{name}/{mode}", {"error": "deadline"})
@@ -234,6 +235,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sections", default="host,memory")
     parser.add_argument("--deadline-s", type=float, default=300.0)
+    parser.add_argument("--workloads", default=",".join(MEMORY_WORKLOADS))
+    parser.add_argument("--modes", default="inductor,pt2cg," + ",".join(GRACE_VARIANTS))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
@@ -250,7 +253,7 @@ def main() -> int:
             if section == "host":
                 host(cache_dir, save)
             elif section == "memory":
-                memory(cache_dir, deadline, save)
+                memory(cache_dir, deadline, save, args.workloads.split(","), args.modes.split(","))
         except Exception as exc:
             save(f"{section}-error", traceback.format_exc()[-3000:])
             print(f"{section}: ERROR {exc}", flush=True)
