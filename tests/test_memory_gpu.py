@@ -208,20 +208,23 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(tmp_path: Path) 
     cache = torch.zeros(1 << 14, 1024, device="cuda")  # 64 MiB
     reference_cache = cache.clone()
     compiled = _grace(update_cache, tmp_path)
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    peak = 0
     with torch.no_grad():
         for step in range(4):
             slot = torch.tensor([step], device="cuda")
             row = torch.full((1, 1024), float(step + 1), device="cuda")
-            got = compiled(cache, slot, row)
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            got = compiled(cache, slot, row)  # grace's peak of this call, not the comparisons' below
+            torch.cuda.synchronize()
+            peak = max(peak, torch.cuda.max_memory_allocated() - base)
             want = update_cache(reference_cache, slot, row)
             torch.testing.assert_close(got, want)
             torch.testing.assert_close(cache, reference_cache)  # the update applied exactly once
-    peak = torch.cuda.max_memory_allocated() - base
     snapshot = stats.snapshot()
     _save("memory_mutated_cache", {"grace_peak": peak, "cache_bytes": cache.nbytes, "stats": snapshot})
     assert {r["variant"] for r in snapshot} & {"graph_pi", "graph_copies"}, snapshot
-    assert peak < cache.nbytes / 4, f"peak {peak / MIB:.1f} MiB for a {cache.nbytes / MIB:.0f} MiB cache"
+    # On the device the snapshots held at least two copies of the cache at once (128 MiB).
+    assert peak < cache.nbytes / 2, f"peak {peak / MIB:.1f} MiB for a {cache.nbytes / MIB:.0f} MiB cache"
