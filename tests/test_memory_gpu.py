@@ -207,7 +207,25 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(tmp_path: Path) 
     host_reference_bytes; on the device they were four copies of the 64 MiB cache."""
     cache = torch.zeros(1 << 14, 1024, device="cuda")  # 64 MiB
     reference_cache = cache.clone()
-    compiled = _grace(update_cache, tmp_path)
+    inductor_peak = _peak_per_call(torch.compile(update_cache), cache.clone(), None)
+    torch._dynamo.reset()
+    peak = _peak_per_call(_grace(update_cache, tmp_path), cache, reference_cache)
+    snapshot = stats.snapshot()
+    _save(
+        "memory_mutated_cache",
+        {"grace_peak": peak, "inductor_peak": inductor_peak, "cache_bytes": cache.nbytes, "stats": snapshot},
+    )
+    assert {r["variant"] for r in snapshot} & {"graph_pi", "graph_copies"}, snapshot
+    # Inductor's own run may copy the cache (no reinplacing); the snapshots on the device added at least
+    # two more copies of it at once (128 MiB); comparison chunks stay well below a quarter of it.
+    assert peak <= inductor_peak + cache.nbytes / 4, (
+        f"grace {peak / MIB:.1f} MiB, inductor {inductor_peak / MIB:.1f} MiB, cache {cache.nbytes / MIB:.0f} MiB"
+    )
+
+
+def _peak_per_call(fn: Callable[..., Any], cache: torch.Tensor, reference: torch.Tensor | None) -> int:
+    """The highest peak of four calls of ``update_cache`` through ``fn``, each above what was allocated
+    before it (the comparisons with eager, when ``reference`` is given, are outside the measure)."""
     peak = 0
     with torch.no_grad():
         for step in range(4):
@@ -217,14 +235,11 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(tmp_path: Path) 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            got = compiled(cache, slot, row)  # grace's peak of this call, not the comparisons' below
+            got = fn(cache, slot, row)
             torch.cuda.synchronize()
             peak = max(peak, torch.cuda.max_memory_allocated() - base)
-            want = update_cache(reference_cache, slot, row)
-            torch.testing.assert_close(got, want)
-            torch.testing.assert_close(cache, reference_cache)  # the update applied exactly once
-    snapshot = stats.snapshot()
-    _save("memory_mutated_cache", {"grace_peak": peak, "cache_bytes": cache.nbytes, "stats": snapshot})
-    assert {r["variant"] for r in snapshot} & {"graph_pi", "graph_copies"}, snapshot
-    # On the device the snapshots held at least two copies of the cache at once (128 MiB).
-    assert peak < cache.nbytes / 2, f"peak {peak / MIB:.1f} MiB for a {cache.nbytes / MIB:.0f} MiB cache"
+            if reference is not None:
+                want = update_cache(reference, slot, row)
+                torch.testing.assert_close(got, want)
+                torch.testing.assert_close(cache, reference)  # the update applied exactly once
+    return peak

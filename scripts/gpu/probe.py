@@ -5,7 +5,7 @@ Sections (each written to ``probe.json`` under ``--out`` as it finishes):
 ``memory``: for each workload (standard tier) and each mode (inductor, pt2cg, grace with default
 options, and grace with one technique or option changed), the suites' memory window
 (suites/harness.py: no cuBLAS workspace, peak reset, base = allocated) over five calls with outputs
-dropped; per call the peak and the allocated bytes above the base, and grace's graphs (variant,
+dropped; per call the window's peak so far, the call's own peak and the allocated bytes above the base, and grace's graphs (variant,
 signature) after the call.
 
 ``host``: on elementwise_64x1m, host microseconds per call of each mode measured over back-to-back calls
@@ -105,14 +105,19 @@ def memory_one(name: str, mode: str, cache_dir: str) -> dict[str, Any]:
         options = GraceOptions(cache_dir=f"{cache_dir}/{name}-{mode}", **GRACE_VARIANTS[mode])
         fn = torch.compile(model, backend=GraceBackend(options))
     per_call = []
+    peak_so_far = 0
     with torch.no_grad():
         for _ in range(CALLS):
+            torch.cuda.reset_peak_memory_stats()  # the call's own peak; the window's is the running max
             out = fn(*inputs)
             del out
             torch.cuda.synchronize()
+            call_peak = torch.cuda.max_memory_allocated() - base
+            peak_so_far = max(peak_so_far, call_peak)
             per_call.append(
                 {
-                    "peak_mib": (torch.cuda.max_memory_allocated() - base) / MIB,
+                    "peak_mib": peak_so_far / MIB,
+                    "call_peak_mib": call_peak / MIB,
                     "allocated_mib": (torch.cuda.memory_allocated() - base) / MIB,
                     "reserved_mib": torch.cuda.memory_reserved() / MIB,
                 }
