@@ -219,7 +219,8 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(tmp_path: Path) 
     # Inductor's own run may copy the cache (no reinplacing); the snapshots on the device added at least
     # two more copies of it at once (128 MiB); comparison chunks stay well below a quarter of it.
     assert peak <= inductor_peak + cache.nbytes / 4, (
-        f"grace {peak / MIB:.1f} MiB, inductor {inductor_peak / MIB:.1f} MiB, cache {cache.nbytes / MIB:.0f} MiB"
+        f"grace {peak / MIB:.1f} MiB, inductor {inductor_peak / MIB:.1f} MiB, "
+        f"cache {cache.nbytes / MIB:.0f} MiB"
     )
 
 

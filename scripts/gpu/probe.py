@@ -5,8 +5,8 @@ Sections (each written to ``probe.json`` under ``--out`` as it finishes):
 ``memory``: for each workload (standard tier) and each mode (inductor, pt2cg, grace with default
 options, and grace with one technique or option changed), the suites' memory window
 (suites/harness.py: no cuBLAS workspace, peak reset, base = allocated) over five calls with outputs
-dropped; per call the window's peak so far, the call's own peak and the allocated bytes above the base, and grace's graphs (variant,
-signature) after the call.
+dropped; per call the window's peak so far, the call's own peak and the allocated bytes above the
+base, and grace's graphs (variant, signature) after the call.
 
 ``host``: on elementwise_64x1m, host microseconds per call of each mode measured over back-to-back calls
 with no synchronisation inside (the device queue absorbs them), the device time per call of the same
