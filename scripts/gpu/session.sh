@@ -3,7 +3,7 @@
 # then run the steps named on the command line, each under its own time limit, logging to $OUT.
 #
 # usage: scripts/gpu/session.sh STEP[:SECONDS] ... [-- run_suites.sh arguments]
-#   gpu-tests   pytest -m gpu over tests/ (runtime, capture, PI and CGCT device tests)
+#   gpu-tests   pytest -m gpu over tests/ or $GRACE_GPU_TESTS (runtime, capture, PI and CGCT device tests)
 #   cgct        scripts/gpu/cgct_check.py $GRACE_CGCT_ARGS (kernels in graphs, with and without partitions)
 #   pi          scripts/gpu/pi_gpu_check.py (PI numerics after moves, bytes per replay, timing)
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
@@ -43,7 +43,7 @@ for spec in "${STEPS[@]}"; do
   case "$step" in
     gpu-tests)
       GRACE_TEST_ARTIFACTS="$OUT/gpu-tests" timeout -s INT -k 20 "$limit" \
-        python -m pytest tests -m gpu -q -rfEs -p no:cacheprovider \
+        python -m pytest ${GRACE_GPU_TESTS:-tests} -m gpu -q -rfEs -p no:cacheprovider \
         --junitxml "$OUT/gpu-tests.xml" ;;
     cgct)
       # shellcheck disable=SC2086  # GRACE_CGCT_ARGS holds several words on purpose
