@@ -216,7 +216,7 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(
     devices: list[str] = []
 
     def watching(value: Any, min_bytes: int) -> Any:
-        kept = grace.hostref.kept_copy(value, min_bytes)
+        kept = kept_copy(value, min_bytes)
         tensors = kept if isinstance(kept, list) else [kept]
         devices.extend(
             t.device.type for t in tensors if isinstance(t, torch.Tensor) and t.numel() == cache.numel()
