@@ -99,6 +99,16 @@ no-graph callable (2O then, outside the first calls). Measured on the H200 (resu
 memory-h200-2026-11-29.json): one output per input, 261 MiB against pt2cg's 260 MiB (516 MiB before);
 elementwise_64x1m, 261 MiB against 512 MiB; in the suites, pyhpc equation of state 9 MiB against 16 MiB
 and turbulent kinetic energy 21 MiB against 24 MiB.
+
+Model workloads add cuBLAS workspaces (Note: [cuBLAS workspaces] in grace.capture; about 32 MiB each on
+the H200): the warm-up's on the capture stream and the no-graph runs' on the caller's stream were both
+held, 33-37 MiB above pt2cg on every model with matmuls. Dropped around each capture and after the
+warm-up, the peaks of the suites' window equal pt2cg's (results/gpu-checks/probe-h200-2026-11-29-b.json:
+XLNet 49.1 MiB, MT5 277.3, DistilGPT2 57.9, nvidia_deeprecommender 177.0). What remains above pt2cg:
+the no-graph samples of SCG's timing when convolutions and matmuls mix (each run after the first holds
+the workspace beside the convolutions' transient ones: alexnet 63.5 MiB against 33.3, lcnet_050 82.1
+against 49.0), and mutating callables' outputs as large as their inputs (the reference runs after the
+capture).
 """
 
 from __future__ import annotations
