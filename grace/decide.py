@@ -129,7 +129,7 @@ from grace.capture import (
     summary_hook,
 )
 from grace.compat import torch as torch_compat
-from grace.hostref import kept_copy, offload
+from grace.hostref import kept_copy, kept_inputs, offload, restore_inputs
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.scg import (
     Decision,
@@ -157,11 +157,10 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     record = slot.record
     mutated = sorted(slot.mutated)
     keep_bytes = runner.options.host_reference_bytes
-    snapshot = dict(zip(mutated, kept_copy([args[i] for i in mutated], keep_bytes), strict=True))
+    snapshot = kept_inputs(args, mutated, keep_bytes)
 
     def restore() -> None:
-        for i, saved in snapshot.items():
-            dense_view(args[i]).copy_(dense_view(saved))
+        restore_inputs(args, snapshot)
 
     # A callable without side effects gets its reference before any capture: in host memory when its
     # outputs are large, with the no-graph variant's samples (Note: [Deciding-call memory]).

@@ -13,7 +13,8 @@ freed as soon as the caller drops them.
 
 ``kept_copy`` does the same for the snapshots a mutating callable's checks keep (its mutated inputs
 before a run, to restore them, and after the reference run, to compare): every tensor is copied, large
-trees to host memory.
+trees to host memory; ``kept_inputs`` and ``restore_inputs`` keep the mutated inputs by index and
+write them back, for the deciding call (grace.decide) and the verified calls (grace.verify) alike.
 
 Invariants: only CUDA tensors move (lists and tuples are rebuilt, everything else is returned as is); a
 tree below the threshold is returned unchanged, object for object.
@@ -21,10 +22,12 @@ tree below the threshold is returned unchanged, object for object.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from grace.capture import dense_view
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
@@ -58,6 +61,17 @@ def kept_copy(value: Any, min_bytes: int) -> Any:
     0: never), else clones on their own devices."""
     to_host = min_bytes > 0 and cuda_bytes(value) >= min_bytes
     return map_tensors(lambda t: _to_host(t) if to_host and t.is_cuda else t.detach().clone(), value)
+
+
+def kept_inputs(args: Sequence[Any], indices: Sequence[int], min_bytes: int) -> dict[int, torch.Tensor]:
+    """``kept_copy`` of the inputs at ``indices``, by index: what ``restore_inputs`` writes back."""
+    return dict(zip(indices, kept_copy([args[i] for i in indices], min_bytes), strict=True))
+
+
+def restore_inputs(args: Sequence[Any], kept: dict[int, torch.Tensor]) -> None:
+    """Write the kept values back into the inputs (in place, from host memory or the device)."""
+    for i, saved in kept.items():
+        dense_view(args[i]).copy_(dense_view(saved))
 
 
 def offload(value: Any, min_bytes: int) -> tuple[Any, bool]:

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from grace.capture import CapturedGraph, dense_view
+from grace.capture import CapturedGraph
 from grace.compat import torch as torch_compat
-from grace.hostref import kept_copy
+from grace.hostref import kept_copy, kept_inputs, restore_inputs
 from grace.scg import outputs_match
 
 
@@ -65,13 +65,12 @@ def check_against_reference(
     ``host_bytes``: the copies a mutating callable's check keeps go to host memory from this size on
     (``grace.hostref.kept_copy``; 0: never)."""
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
-    before = dict(zip(mutated, kept_copy([args[i] for i in mutated], host_bytes), strict=True))
+    before = kept_inputs(args, mutated, host_bytes)
     out = run_graph()
     # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
     got = kept_copy(out, host_bytes) if mutated else out
     got_state = kept_copy([args[i] for i in mutated], host_bytes)
-    for i, saved in before.items():
-        dense_view(args[i]).copy_(dense_view(saved))
+    restore_inputs(args, before)
     # The no-graph run allocates its cuBLAS workspace after its cuDNN convolutions have freed theirs, as
     # the first run of a stream does, instead of holding one beside them (Note: [cuBLAS workspaces]).
     torch_compat.clear_cublas_workspaces()

@@ -73,6 +73,24 @@ def failure_of(exc: BaseException, status: CorrectnessStatus = CorrectnessStatus
     return Failure(status, describe(exc))
 
 
+def memory_window_base(device: torch.device) -> int:
+    """Open a memory window on CUDA ``device``: peak statistics reset, no cuBLAS workspace held; returns
+    the bytes allocated now (the base the window's peak and resident memory are measured above).
+
+    Garbage of earlier work freed inside the window would lower memory_allocated below the base: the
+    window's peak would read too low (down to 0) and its resident memory negative. cuBLAS's workspaces
+    (about 33 MiB each on the H200) are such memory: cudagraph trees free them before recording (pt2cg
+    read 0 MiB, resident -66 MiB, on the 2026-11-29 H200 runs) and the next mode to run a matmul
+    allocates them again. So every window starts without them and pays its own."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    torch.cuda.reset_peak_memory_stats(device)
+    return int(torch.cuda.memory_allocated(device))
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -214,20 +232,7 @@ class PreparedWorkload:
         return entry
 
     def _reset_peak(self) -> int | None:
-        if self.device.type != "cuda":
-            return None
-        # Garbage of earlier modes freed inside this mode's window would lower memory_allocated below
-        # the base: this mode's peak would read too low (down to 0) and its resident memory negative.
-        # cuBLAS's workspaces (about 33 MiB each on the H200) are such memory: cudagraph trees free them
-        # before recording (pt2cg read 0 MiB, resident -66 MiB, on the 2026-11-29 H200 runs) and the next
-        # mode to run a matmul allocates them again. Each mode starts without them and pays its own.
-        gc.collect()
-        torch.cuda.synchronize(self.device)
-        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear_workspaces is not None:
-            clear_workspaces()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return int(torch.cuda.memory_allocated(self.device))
+        return memory_window_base(self.device) if self.device.type == "cuda" else None
 
     def close(self) -> None:
         self.compiled.clear()

@@ -21,6 +21,7 @@ import torch
 from grace import stats
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from suites.harness import memory_window_base
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_grace")]
 
@@ -51,12 +52,7 @@ def _inputs() -> list[torch.Tensor]:
 
 def _peak(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> int:
     """Peak allocated above the base during the first ``CALLS`` calls (suites/harness.py's window)."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()  # each side pays for its own cuBLAS workspace
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    base = memory_window_base(torch.device("cuda"))  # each side pays for its own cuBLAS workspace
     with torch.no_grad():
         for _ in range(CALLS):
             fn(*inputs)  # the output is dropped before the next call, as the harness does
@@ -209,6 +205,7 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(
     host_reference_bytes; on the device they were four copies of the 64 MiB cache. The copies are
     watched where decide and verify make them; both modes' peaks per call are saved with the stats."""
     import grace.decide
+    import grace.hostref
     import grace.verify
     from grace.hostref import kept_copy
 
@@ -223,8 +220,8 @@ def test_snapshots_of_a_large_mutated_input_stay_in_host_memory(
         )
         return kept
 
-    monkeypatch.setattr(grace.decide, "kept_copy", watching)
-    monkeypatch.setattr(grace.verify, "kept_copy", watching)
+    for module in (grace.hostref, grace.decide, grace.verify):  # hostref's serves kept_inputs
+        monkeypatch.setattr(module, "kept_copy", watching)
     reference_cache = cache.clone()
     inductor_peak = _peak_per_call(torch.compile(update_cache), cache.clone(), None)
     torch._dynamo.reset()

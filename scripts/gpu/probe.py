@@ -19,7 +19,6 @@ Run from the repository root: ``python scripts/gpu/probe.py --out DIR [--section
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import gc
 import io
@@ -34,10 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pi_gpu_check import build  # this directory is first on the path of a script run from it
 
 import grace
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from suites.harness import memory_window_base
+from suites.tensors import clone_inputs
 
 MEMORY_WORKLOADS = (
     "XLNetLMHeadModel",
@@ -57,30 +59,6 @@ CALLS = 5
 MIB = 1 << 20
 
 
-def build(name: str) -> tuple[Any, tuple[Any, ...]]:
-    from suites.workloads import get
-
-    model, inputs = get(name).factory("standard")(torch.device("cuda"), torch.float32)
-    if hasattr(model, "eval"):
-        model = model.eval()
-    return model, tuple(inputs)
-
-
-def clone(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
-
-
-def window_base() -> int:
-    gc.collect()
-    torch.cuda.synchronize()
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    return int(torch.cuda.memory_allocated())
-
-
 def graphs() -> list[tuple[Any, ...]]:
     return [
         (r.get("graph_hash"), r.get("signature"), r.get("variant"), r.get("calls"))
@@ -94,9 +72,7 @@ def memory_one(name: str, mode: str, cache_dir: str) -> dict[str, Any]:
     grace.reset()
     grace.stats.reset()
     model, inputs = build(name)
-    model = copy.deepcopy(model)
-    inputs = clone(inputs)
-    base = window_base()
+    base = memory_window_base(torch.device("cuda"))
     if mode == "inductor":
         fn: Callable[..., Any] = torch.compile(model)
     elif mode == "pt2cg":
@@ -158,7 +134,7 @@ def host(cache_dir: str, save: Callable[[str, Any], None]) -> None:
     torch._dynamo.reset()
     grace.reset()
     model, inputs = build("elementwise_64x1m")
-    sets = [inputs, clone(inputs)]
+    sets = [inputs, clone_inputs(inputs)]
     modes = {
         "inductor": torch.compile(model),
         "pt2cg": torch.compile(model, mode="reduce-overhead"),
@@ -197,10 +173,9 @@ def host(cache_dir: str, save: Callable[[str, Any], None]) -> None:
         live = [r for r in list(grace_runner._live_runners) if r.slots]
         if live:
             runner = live[0]
-            ts = [tuple(s) for s in sets]
             t0 = time.perf_counter()
             for i in range(n):
-                runner(*ts[i % 2])
+                runner(*sets[i % 2])
             t1 = time.perf_counter()
             torch.cuda.synchronize()
             result["runner_alone_us_per_call"] = (t1 - t0) / n * 1e6
