@@ -37,11 +37,13 @@ the workspaces are cleared right before each capture (the capture allocates its 
 private pool, alive with the graph) and right after it (the pool's block is then free in the allocator's
 books but used by nobody but the graph, since nothing else allocates from that pool). This also leaves
 one workspace, not two, in the first calls: the warm-up's on the capture stream is dropped before the
-no-graph runs on the caller's stream allocate theirs. A no-graph run made to check a graph (grace.verify)
-starts without a workspace too: one held from an earlier run would sit beside the transient workspaces
-of its cuDNN convolutions (alexnet on the H200: 63 MiB instead of 33 MiB). The no-graph samples of SCG's
-timing are not treated so (an allocation per sample would be timed): during them a callable of
-convolutions and matmuls peaks as Inductor's own steady state does.
+no-graph runs on the caller's stream allocate theirs. Every no-graph run grace makes itself starts
+without a workspace as well: one held from an earlier run would sit beside the transient workspaces of
+its cuDNN convolutions (alexnet on the H200: 63 MiB instead of 33 MiB, Inductor's own steady state). So
+the checks' runs (grace.verify) drop it before and after, and SCG's timed no-graph samples drop it
+before each sample, outside the timed region (``grace.scg.time_variants``'s ``untimed_setup``); what a
+sample then times beyond Inductor's steady state is taking the workspace back from the allocator's
+cache at its first matmul.
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means

@@ -31,7 +31,7 @@ Note: [Deciding-call memory]
 CUDA memory grace allocates from a slot's first call to its first steady call, for a callable with N
 dynamic inputs of B bytes (U = N*B), outputs of O bytes that it allocates (views of inputs are free),
 W bytes of transient intermediates per run, C bytes of comparison temporaries (a few
-``scg.COMPARE_CHUNK``-element tensors: about 4 MiB in float32), and a caller that drops each call's
+``scg.COMPARE_CHUNK``-element tensors: about 1 MiB in float32), and a caller that drops each call's
 output before the next call (as suites/harness.py does). Peaks are above what was allocated before the
 first call, the caller's inputs included. Outputs of a graph live in its private pool for as long as
 the graph; placeholders live in the default pool.
@@ -104,11 +104,13 @@ Model workloads add cuBLAS workspaces (Note: [cuBLAS workspaces] in grace.captur
 the H200): the warm-up's on the capture stream and the no-graph runs' on the caller's stream were both
 held, 33-37 MiB above pt2cg on every model with matmuls. Dropped around each capture and after the
 warm-up, the peaks of the suites' window equal pt2cg's (results/gpu-checks/probe-h200-2026-11-29-b.json:
-XLNet 49.1 MiB, MT5 277.3, DistilGPT2 57.9, nvidia_deeprecommender 177.0). What remains above pt2cg:
-the no-graph samples of SCG's timing when convolutions and matmuls mix (each run after the first holds
-the workspace beside the convolutions' transient ones: alexnet 63.5 MiB against 33.3, lcnet_050 82.1
-against 49.0), and mutating callables' outputs as large as their inputs (the reference runs after the
-capture).
+XLNet 49.1 MiB, MT5 277.3, DistilGPT2 57.9, nvidia_deeprecommender 177.0). Where convolutions and
+matmuls mix, each no-graph run after the first held the workspace beside the convolutions' transient
+ones (alexnet 63.5 MiB against 33.3, lcnet_050 82.1 against 49.0, probe-h200-2026-11-29-d.json): every
+no-graph run grace makes now starts without one. What remains above pt2cg: mutating callables' outputs
+as large as their inputs (the reference runs after the capture), and the outputs every kept graph holds
+in its own pool for as long as it lives (pt2cg's graphs share one pool and give an output's memory back
+when the caller drops it), which adds up over the graphs of a model split by graph breaks.
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ logger = logging.getLogger(__name__)
 
 _GRAPH_PREFERENCE = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
 _CHECK_ORDER = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
+# Each timed no-graph run starts without a cuBLAS workspace, as a stream's first run does, instead of
+# holding one beside its cuDNN convolutions' transient ones (Note: [cuBLAS workspaces] in grace.capture).
+_FRESH_WORKSPACE = {Variant.NO_GRAPH: torch_compat.clear_cublas_workspaces}
 
 
 def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
@@ -258,7 +263,11 @@ def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> tuple[Any, bool, l
         return value, on_host, None
     runs: dict[Variant, Callable[[], Any]] = {Variant.NO_GRAPH: lambda: runner.compiled(*args)}
     samples = time_variants(
-        runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
+        runs,
+        samples=options.scg_samples,
+        warmup=options.scg_warmup,
+        device=runner.plan.device,
+        untimed_setup=_FRESH_WORKSPACE,
     )
     return value, on_host, samples[Variant.NO_GRAPH]
 
@@ -556,7 +565,11 @@ def _choose(
         if variant in candidates:
             runs[variant] = _bound_run(slot, variant, graph, args)
     timed = time_variants(
-        runs, samples=options.scg_samples, warmup=options.scg_warmup, device=runner.plan.device
+        runs,
+        samples=options.scg_samples,
+        warmup=options.scg_warmup,
+        device=runner.plan.device,
+        untimed_setup=_FRESH_WORKSPACE,
     )
     # No-graph samples taken before the capture (_reference_first) join the graphs' own.
     samples = {Variant.NO_GRAPH: no_graph_samples, **timed} if no_graph_samples is not None else timed

@@ -6,13 +6,15 @@ only when something about the call changes: inputs at new addresses, a pointer t
 kernels patched on the device. A variant kept without timing (``scg=False``, or a mutating callable)
 would otherwise never be compared with eager again.
 
-Design: ``check_against_reference`` runs the graph variant, keeps a copy of what it produced (outputs and
-mutated inputs, in host memory when large: grace.hostref) when the callable mutates its inputs, restores the
-mutated inputs, runs the no-graph callable on the same inputs and compares, then asks the PI plan (when the
-variant has one) whether its device-side updates succeeded. A callable that mutates nothing cannot change what
-the graph's outputs hold by running again (they live in the graph's pool or view unmodified inputs), so they
-are compared in place: no copy of the outputs is alive next to the reference (Note: [Deciding-call memory] in
-grace.decide).
+Design: ``check_against_reference`` compares one replay of the graph variant with one run of the
+no-graph callable on the same inputs, then asks the PI plan (when the variant has one) whether its
+device-side updates succeeded. A callable without side effects runs the no-graph callable first, with its
+output moved to host memory when large (grace.hostref), then the graph, whose outputs are compared in
+place: no second device copy of the outputs is ever alive beside the graph's own (Note: [Deciding-call
+memory] in grace.decide). A mutating callable runs the graph first, keeps a copy of what it produced
+(outputs and mutated inputs, in host memory when large), restores the mutated inputs and runs the no-graph
+callable. Each no-graph run starts and ends without a cuBLAS workspace (Note: [cuBLAS workspaces] in
+grace.capture).
 The runner calls it on the deciding call's returned replay, on the first steady call, and on the first
 call whose dynamic inputs sit at other addresses than at the decision: a handful of extra no-graph runs
 per graph, none per steady call.
@@ -33,7 +35,7 @@ import torch
 
 from grace.capture import CapturedGraph
 from grace.compat import torch as torch_compat
-from grace.hostref import kept_copy, kept_inputs, restore_inputs
+from grace.hostref import kept_copy, kept_inputs, offload, restore_inputs
 from grace.scg import outputs_match
 
 
@@ -62,23 +64,52 @@ def check_against_reference(
     host_bytes: int = 0,
 ) -> tuple[Any, str | None, Any]:
     """(graph output, problem or None, no-graph output) for one call; see the module docstring.
-    ``host_bytes``: the copies a mutating callable's check keeps go to host memory from this size on
-    (``grace.hostref.kept_copy``; 0: never)."""
+    ``host_bytes``: the reference of a callable without side effects, and the copies a mutating
+    callable's check keeps, go to host memory from this size on (``grace.hostref``; 0: never)."""
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
+    if not mutated:
+        return _check_pure(run_graph, compiled, args, graph, device, host_bytes)
     before = kept_inputs(args, mutated, host_bytes)
     out = run_graph()
     # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
-    got = kept_copy(out, host_bytes) if mutated else out
+    got = kept_copy(out, host_bytes)
     got_state = kept_copy([args[i] for i in mutated], host_bytes)
     restore_inputs(args, before)
-    # The no-graph run allocates its cuBLAS workspace after its cuDNN convolutions have freed theirs, as
-    # the first run of a stream does, instead of holding one beside them (Note: [cuBLAS workspaces]).
-    torch_compat.clear_cublas_workspaces()
-    reference = compiled(*args)
-    synchronize(device)
+    reference = _no_graph_run(compiled, args, device)
     problem = outputs_match(reference, got)
-    if problem is None and mutated:
+    if problem is None:
         problem = outputs_match([args[i] for i in mutated], got_state, "mutated input")
     if problem is None:
         problem = graph_health(graph)
     return out, problem, reference
+
+
+def _check_pure(
+    run_graph: Callable[[], Any],
+    compiled: Callable[..., Any],
+    args: Sequence[Any],
+    graph: CapturedGraph | None,
+    device: torch.device | None,
+    host_bytes: int,
+) -> tuple[Any, str | None, Any]:
+    """The check of a callable without side effects: the no-graph run first, its output moved to host
+    memory when it reaches ``host_bytes`` (then the graph's outputs are never beside a second device copy),
+    and compared with the replay's outputs in place."""
+    reference, on_host = offload(_no_graph_run(compiled, args, device), host_bytes)
+    out = run_graph()
+    synchronize(device)
+    problem = outputs_match(reference, out) or graph_health(graph)
+    if problem is not None and on_host:
+        reference = compiled(*args)  # what the caller gets instead of the replay: on the device
+    return out, problem, reference
+
+
+def _no_graph_run(compiled: Callable[..., Any], args: Sequence[Any], device: torch.device | None) -> Any:
+    """One run of the no-graph callable that starts without a cuBLAS workspace, as a stream's first run
+    does (one held from an earlier run would sit beside its cuDNN convolutions' transient workspaces), and
+    leaves none behind: replays use the one in their graph's pool (Note: [cuBLAS workspaces])."""
+    torch_compat.clear_cublas_workspaces()
+    reference = compiled(*args)
+    synchronize(device)
+    torch_compat.clear_cublas_workspaces()
+    return reference

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@ -]*$")
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./@ -]*")  # whole value: fullmatch (``$`` allows a final newline)
 _KEYWORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 _FLOW_WIDTH = 100
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t"}
@@ -35,7 +35,7 @@ def scalar(value: str | int | bool) -> str:
     if not isinstance(value, str):
         raise TypeError(f"cannot write {type(value).__name__} {value!r} as a YAML scalar")
     plain = (
-        bool(_PLAIN.match(value))
+        bool(_PLAIN.fullmatch(value))
         and value.lower() not in _KEYWORDS
         and not value.endswith(" ")
         and ": " not in value

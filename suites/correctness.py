@@ -136,6 +136,7 @@ def _mode_details(entry: CompiledMode) -> dict[str, Any]:
         "uses_graphs": SPECS[entry.mode].uses_graphs,
         "compile_s": entry.compile_s,
         "peak_mem_bytes": entry.peak_mem_bytes,
+        "calls_peak_mem_bytes": entry.calls_peak_mem_bytes,
         "resident_mem_bytes": entry.resident_mem_bytes,
         **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
         **override_details(entry.mode),

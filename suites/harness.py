@@ -11,6 +11,9 @@ Invariants:
   the module (CGCT moves CPU attributes) or writes its inputs cannot leak into another mode.
 - ``compile_s`` is the wall time of the first call (Dynamo + backend compile + one run);
   ``peak_mem_bytes`` is the peak allocated during compile and warm-up above what was allocated before;
+  ``calls_peak_mem_bytes`` the peak of the warm-up calls after the first (which compiles, and whose
+  figure depends on what Inductor's caches already hold): cudagraph trees' recording and grace's deciding
+  call, and the first replays, above the same base;
   ``resident_mem_bytes`` what stays allocated after warm-up (graph pools, static inputs and outputs):
   the memory a mode holds between calls. Both start from no cuBLAS workspace, so a mode that runs
   matmuls counts its own.
@@ -116,6 +119,7 @@ class CompiledMode:
     inputs: tuple[Any, ...] = ()
     compile_s: float | None = None
     peak_mem_bytes: int | None = None
+    calls_peak_mem_bytes: int | None = None
     resident_mem_bytes: int | None = None
     failure: Failure | None = None
     grace_keys: frozenset[str] = frozenset()  # grace.stats graphs created by this mode
@@ -213,11 +217,14 @@ class PreparedWorkload:
                 entry.fn(*entry.inputs)
                 synchronize(self.device)
                 entry.compile_s = time.perf_counter() - t0
+                compile_peak = self._peak_since_reset() if base is not None else None
                 for _ in range(WARMUP_CALLS - 1):
                     entry.fn(*entry.inputs)
             synchronize(self.device)
-            if base is not None:
-                entry.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.device) - base)
+            if base is not None and compile_peak is not None:
+                calls_peak = int(torch.cuda.max_memory_allocated(self.device))
+                entry.peak_mem_bytes = max(compile_peak, calls_peak) - base
+                entry.calls_peak_mem_bytes = calls_peak - base
                 entry.resident_mem_bytes = int(torch.cuda.memory_allocated(self.device) - base)
         except Exception as exc:
             entry.failure = failure_of(exc)
@@ -233,6 +240,12 @@ class PreparedWorkload:
 
     def _reset_peak(self) -> int | None:
         return memory_window_base(self.device) if self.device.type == "cuda" else None
+
+    def _peak_since_reset(self) -> int:
+        """The peak allocated since the window opened; the peak statistics start again from now."""
+        peak = int(torch.cuda.max_memory_allocated(self.device))
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
 
     def close(self) -> None:
         self.compiled.clear()

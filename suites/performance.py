@@ -120,6 +120,7 @@ def _record(
         "warmup_calls": PERF_WARMUP_CALLS,
         "device_name": torch.cuda.get_device_name(prepared.device),
         "dtype": str(prepared.dtype).removeprefix("torch."),
+        "calls_peak_mem_bytes": entry.calls_peak_mem_bytes,
         "resident_mem_bytes": entry.resident_mem_bytes,
         **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
         **override_details(mode),

@@ -224,3 +224,9 @@ def test_job_ids_must_stay_unique() -> None:
     runners = parse_runners({**_runners(), "cells": {}})  # the shipped overrides name shipped cells
     with pytest.raises(ConfigError, match="same CI job id 'cell_a_b'"):
         plan_cells(parse_matrix(raw), runners)
+
+
+def test_a_final_newline_is_never_written_plain() -> None:
+    """``$`` matches before a final newline: "A\\n" once passed as a plain scalar and lost its newline."""
+    data = {"k": "A\n", "l": ["A\n", "x"]}
+    assert yaml.safe_load(ciyaml.dump(data)) == data

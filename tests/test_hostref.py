@@ -59,7 +59,8 @@ def test_cuda_outputs_move_to_the_host_above_the_threshold_and_compare_against_t
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     assert outputs_match(host[0], candidate) is None
-    assert torch.cuda.max_memory_allocated() - before < big.nbytes / 4  # chunks, not the tensor
+    # chunks, not the tensor: a few chunk-sized temporaries at once (64 chunks in the tensor)
+    assert torch.cuda.max_memory_allocated() - before <= 8 * COMPARE_CHUNK * big.element_size()
     candidate[-1] += 1.0
     problem = outputs_match(host[0], candidate)
     assert problem is not None and "max abs difference" in problem

@@ -70,6 +70,7 @@ class Store:
                     samples_ms=[median] * 30 if median is not None else [], floor_ms=0.5, compile_s=2.0,
                     kernels_in_graphs=7 if mode.startswith(("pt2cg", "grace")) else 0,
                     kernel_launches=1, graph_launches=1, copy_bytes_per_replay=4096,
+                    details=extra.get("details", {}).get(mode, {}),
                 )
             )  # fmt: skip
 
@@ -103,6 +104,24 @@ def test_speedups_within_one_run(store: Store) -> None:
     assert rows["grace"].speedup_vs_pt2cg == pytest.approx(1.25)
     assert rows["pt2cg"].kernels_in_graphs == 7 and rows["pt2cg"].copy_bytes_per_replay == 4096
     assert rows["grace"].status == "pass" and rows["grace"].run_uid == run.uid
+
+
+def test_memory_after_the_compiling_call_against_pt2cg(store: Store) -> None:
+    mib = 1 << 20
+    peaks = {"inductor": 30 * mib, "pt2cg": 40 * mib, "grace": 42 * mib}
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        details = {mode: {"calls_peak_mem_bytes": peak} for mode, peak in peaks.items()}
+        store.results(session, run, "alexnet", {"eager": 1.0, **dict.fromkeys(peaks, 0.5)}, details=details)
+    with store.Session() as session:
+        report = build_report(session)
+    rows = rows_by_mode(report, "alexnet")
+    assert rows["grace"].calls_peak_mem == 42 * mib and rows["grace"].mem_vs_pt2cg == pytest.approx(1.05)
+    assert rows["eager"].calls_peak_mem is None and rows["eager"].mem_vs_pt2cg is None
+    assert rows["pt2cg"].mem_vs_pt2cg == pytest.approx(1.0)
+    text = render_text(report).splitlines()
+    line = next(line for line in text if line.startswith("alexnet") and " grace " in line)
+    assert "42.0 MiB" in line and line.endswith("1.05x")
 
 
 def test_missing_or_skipped_baseline_gives_none(store: Store) -> None:

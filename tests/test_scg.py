@@ -145,3 +145,41 @@ def test_shared_cache_per_directory(tmp_path: Path) -> None:
     assert scg.decision_cache(tmp_path) is scg.decision_cache(tmp_path)
     scg.forget_caches()
     assert scg.decision_cache(tmp_path) is not None
+
+
+def test_untimed_setup_runs_before_each_run_of_its_variant_outside_the_timed_region(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The setup of a variant (grace.decide drops the cuBLAS workspace before each no-graph run) runs
+    before every warm-up and sample of that variant, after the GPU is idle and before the start event."""
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            self.at = 0.0
+
+        def record(self) -> None:
+            log.append("event")
+            self.at = float(len(log))
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    runs = {Variant.NO_GRAPH: lambda: log.append("no_graph"), Variant.GRAPH_PI: lambda: log.append("pi")}
+    samples = scg.time_variants(
+        runs, samples=3, warmup=2, device=None, untimed_setup={Variant.NO_GRAPH: lambda: log.append("setup")}
+    )
+    assert log.count("setup") == log.count("no_graph") == 5
+    for i, entry in enumerate(log):
+        if entry == "no_graph":
+            before = log[:i]
+            last_setup = len(before) - 1 - before[::-1].index("setup")
+            assert "no_graph" not in before[last_setup:] and "pi" not in before[last_setup:]
+            assert "sync" in before[: last_setup + 1][-2:]  # the GPU was idle when the setup ran
+        if entry == "setup" and i + 1 < len(log) and log[i + 1] == "event":
+            assert log[i + 2] == "no_graph"  # setup, start event, run: the setup is not timed
+    # The timed region of a no-graph sample holds the start event and the run only.
+    assert samples[Variant.NO_GRAPH] == [2.0, 2.0, 2.0]
+    assert log.count("pi") == 5

@@ -301,3 +301,45 @@ def test_each_mode_window_starts_without_cublas_workspaces(monkeypatch: pytest.M
     stand_in = types.SimpleNamespace(device=torch.device("cuda"))
     assert harness.PreparedWorkload._reset_peak(stand_in) == 7  # type: ignore[arg-type]
     assert calls == ["synchronize", "clear", "reset", "base"]
+
+
+def test_calls_peak_leaves_out_the_compiling_call(
+    toy: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """peak_mem_bytes spans compile and warm-up; calls_peak_mem_bytes only the calls after the first (whose
+    figure depends on what Inductor's caches held), both above the window's base."""
+    memory = {"allocated": 10, "peak": 10}
+
+    def bump(to: int) -> None:
+        memory["peak"] = max(memory["peak"], to)
+
+    def reset(*a: Any, **k: Any) -> None:
+        memory["peak"] = memory["allocated"]
+
+    def make(model: Any) -> Callable[..., Any]:
+        calls = [0]
+
+        def fn(*inputs: Any) -> Any:
+            calls[0] += 1
+            bump(110 if calls[0] == 1 else 50)  # compile-time memory, then recording / deciding
+            return model(*inputs)
+
+        return fn
+
+    fake_modes(monkeypatch, make)
+    monkeypatch.setattr(harness, "synchronize", lambda device: None)
+
+    def open_window(self: Any) -> int:
+        reset()
+        return memory["allocated"]
+
+    monkeypatch.setattr(harness.PreparedWorkload, "_reset_peak", open_window)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: memory["peak"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: memory["allocated"])
+    prepared = harness.PreparedWorkload(get(toy("toy_peaks", linear)), "smoke", CPU, torch.float32)
+    prepared.load()
+    prepared.device = torch.device("cuda")
+    entry = prepared.compiled_mode(Mode.GRACE)
+    assert entry.failure is None
+    assert (entry.peak_mem_bytes, entry.calls_peak_mem_bytes, entry.resident_mem_bytes) == (100, 40, 0)

@@ -250,3 +250,52 @@ def test_outputs_are_copied_only_when_the_reference_run_can_change_them(
     assert problem is None
     assert any(value is out for value in copies) == mutate
     torch.testing.assert_close(out[0], x * 2)
+
+
+@pytest.mark.parametrize("mutate", [False, True])
+def test_no_graph_runs_start_and_end_without_a_cublas_workspace(
+    mutate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callable without side effects runs the no-graph callable first (its output can then go to host
+    memory before the replay); a mutating one replays first. Either way the workspaces are dropped right
+    before and right after the no-graph run."""
+    import grace.verify
+
+    log: list[str] = []
+    monkeypatch.setattr(grace.verify.torch_compat, "clear_cublas_workspaces", lambda: log.append("clear"))
+    compiled = Compiled(mutate=mutate)
+
+    def no_graph(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        log.append("no_graph")
+        return compiled(x, y)
+
+    x, y = torch.randn(4), torch.zeros(4)
+    graph = FakeGraph([x, y], mutate=mutate, stale_after_move=False)
+
+    def replay() -> Any:
+        log.append("replay")
+        return graph.run_with_copies([x, y], False)
+
+    _, problem, _ = check_against_reference(replay, no_graph, [x, y], [1] if mutate else [], graph, None)
+    assert problem is None
+    no_graph_run = ["clear", "no_graph", "clear"]
+    assert log == (["replay", *no_graph_run] if mutate else [*no_graph_run, "replay"])
+    torch.testing.assert_close(y, torch.ones(4) if mutate else torch.zeros(4))
+
+
+def test_a_pure_mismatch_returns_a_fresh_no_graph_output_when_the_reference_went_to_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reference held in host memory is no output for the caller: on a mismatch the no-graph callable
+    runs again and its (device) output is returned."""
+    import grace.verify
+
+    monkeypatch.setattr(grace.verify, "offload", lambda value, min_bytes: ((value[0].clone().mul_(1),), True))
+    x, y = torch.randn(4), torch.zeros(4)
+    compiled = Compiled()
+    _, problem, reference = check_against_reference(
+        lambda: (x * 3,), compiled, [x, y], [], None, None, host_bytes=1
+    )
+    assert problem is not None
+    assert compiled.runs == 2
+    torch.testing.assert_close(reference[0], x * 2)

@@ -1,12 +1,17 @@
 """Diagnostic probes on one GPU: where grace's peak memory and per-call host time go.
 
-Sections (each written to ``probe.json`` under ``--out`` as it finishes):
+Sections (each written to ``probe.json`` under ``--out`` as it finishes; ``--sections`` picks them):
 
 ``memory``: for each workload (standard tier) and each mode (inductor, pt2cg, grace with default
 options, and grace with one technique or option changed), the suites' memory window
 (suites/harness.py: no cuBLAS workspace, peak reset, base = allocated) over five calls with outputs
 dropped; per call the window's peak so far, the call's own peak and the allocated bytes above the
 base, and grace's graphs (variant, signature) after the call.
+
+``workspace``: what dropping cuBLAS's workspaces before each timed no-graph sample (grace.decide, Note:
+[cuBLAS workspaces] in grace.capture) adds to the no-graph time SCG measures: per workload, Inductor's
+compiled callable timed by ``grace.scg.time_variants`` under two labels in one interleaved run, one with
+the drop as its untimed setup, one without; raw samples, medians and their ratio.
 
 ``host``: on elementwise_64x1m, host microseconds per call of each mode measured over back-to-back calls
 with no synchronisation inside (the device queue absorbs them), the device time per call of the same
@@ -130,6 +135,44 @@ def memory(
             save(f"memory/{name}/{mode}", value)
 
 
+WORKSPACE_WORKLOADS = ("alexnet", "lcnet_050", "mlp", "XLNetLMHeadModel", "linear8_cpu_scalar")
+
+
+def workspace(deadline: float, save: Callable[[str, Any], None], workloads: list[str]) -> None:
+    from grace.compat.torch import clear_cublas_workspaces
+    from grace.scg import Variant, medians, time_variants
+
+    # Two labels for one callable: NO_GRAPH gets the drop before each run, GRAPH_COPIES does not.
+    fresh, kept = Variant.NO_GRAPH, Variant.GRAPH_COPIES
+    for name in workloads:
+        if time.monotonic() > deadline:
+            save(f"workspace/{name}", {"error": "deadline"})
+            continue
+        torch._dynamo.reset()
+        model, inputs = build(name)
+        fn = torch.compile(model)
+        with torch.no_grad():
+            for _ in range(3):
+                fn(*inputs)
+            samples = time_variants(
+                {fresh: lambda: fn(*inputs), kept: lambda: fn(*inputs)},
+                samples=60,
+                warmup=2,
+                device=torch.device("cuda"),
+                untimed_setup={fresh: clear_cublas_workspaces},
+            )
+        med = medians(samples)
+        value = {
+            "samples_ms": {"workspace_dropped": samples[fresh], "workspace_kept": samples[kept]},
+            "median_ms": {"workspace_dropped": med[fresh], "workspace_kept": med[kept]},
+            "dropped_over_kept": med[fresh] / med[kept],
+        }
+        print(f"workspace {name}: dropped/kept {value['dropped_over_kept']:.4f}", flush=True)
+        save(f"workspace/{name}", value)
+        del fn, model, inputs
+        gc.collect()
+
+
 def host(cache_dir: str, save: Callable[[str, Any], None]) -> None:
     torch._dynamo.reset()
     grace.reset()
@@ -217,6 +260,7 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument("--workloads", default=",".join(MEMORY_WORKLOADS))
     parser.add_argument("--modes", default="inductor,pt2cg," + ",".join(GRACE_VARIANTS))
+    parser.add_argument("--workspace-workloads", default=",".join(WORKSPACE_WORKLOADS))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
@@ -234,6 +278,8 @@ def main() -> int:
                 host(cache_dir, save)
             elif section == "memory":
                 memory(cache_dir, deadline, save, args.workloads.split(","), args.modes.split(","))
+            elif section == "workspace":
+                workspace(deadline, save, args.workspace_workloads.split(","))
         except Exception as exc:
             save(f"{section}-error", traceback.format_exc()[-3000:])
             print(f"{section}: ERROR {exc}", flush=True)
