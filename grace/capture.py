@@ -43,7 +43,25 @@ its cuDNN convolutions (alexnet on the H200: 63 MiB instead of 33 MiB, Inductor'
 the checks' runs (grace.verify) drop it before and after, and SCG's timed no-graph samples drop it
 before each sample, outside the timed region (``grace.scg.time_variants``'s ``untimed_setup``); what a
 sample then times beyond Inductor's steady state is taking the workspace back from the allocator's
-cache at its first matmul.
+cache at its first matmul. Measured on the H200 (results/gpu-checks/probe-h200-2026-11-29-e.json, 60
+interleaved samples each, median with the drop over median without): alexnet 0.992, lcnet_050 1.001,
+mlp 1.004, XLNet 1.012, linear8_cpu_scalar 1.023 (0.285 against 0.279 ms: eight small matmuls, host
+bound); the peaks of the calls after the compiling one: alexnet 33.4 MiB (pt2cg 33.3), lcnet_050 49.1
+(49.0).
+
+Note: [Outputs held within one call]
+A graph's outputs live in its pool and its next replay writes them again. Across calls of a compiled
+model that is the documented contract (as with cudagraph trees): clone what you keep, or set
+``clone_outputs``. Within one call it is not something a user can see or avoid: Dynamo runs one compiled
+piece (the code after a graph break in a layer, a helper function) once per layer, and a model that keeps
+every layer's result (attention maps, hidden states) would find all of them equal to the last. So the
+runner tells calls apart as cudagraph trees do (``grace.compat.torch.compiled_call_generation``: Dynamo's
+count of top-level calls, or the user's ``cudagraph_mark_step_begin``) and never replays a graph a second
+time in one call while an output of its previous replay is held: that call runs without the graph. The
+first time a graph comes back within one call, the outputs it handed out were its own tensors, whose
+holders cannot be counted, so it does not replay again in that call; from the next call on it hands out
+aliases of its outputs, and a replay within the same call is allowed when the storages' use counts are
+back to what the graph's own tensors give them (every alias and every view made of one has died).
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
@@ -210,6 +228,12 @@ class CapturedGraph:
     # Captured on the caller's inputs: no placeholders yet; the layouts to make them from when needed.
     borrowed: bool = False
     _layouts: dict[int, tuple[torch.Size, tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+    # Note: [Outputs held within one call]: weak references to the outputs' storages in the graph's pool,
+    # each with the use count the graph's own tensors give it; the compiled call of the last replay through
+    # the runner; the call from which replays hand out aliases of the outputs (None: the outputs).
+    output_refs: list[tuple[Any, int]] = field(default_factory=list)
+    last_generation: int | None = None
+    aliases_since: int | None = None
 
     def own_placeholders(self) -> dict[int, int]:
         """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses.
@@ -235,8 +259,26 @@ class CapturedGraph:
     def replay(self) -> None:
         self.graph.replay()
 
+    def would_overwrite_held_outputs(self, generation: int) -> bool:
+        """Whether replaying now, in compiled call ``generation``, could overwrite outputs of this graph's
+        last replay that something still holds (Note: [Outputs held within one call])."""
+        if generation != self.last_generation:
+            return False
+        if self.aliases_since is None:
+            # The last replay handed out the outputs themselves: whether they are held cannot be seen.
+            self.aliases_since = generation
+            return True
+        if generation == self.aliases_since:
+            return True
+        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.output_refs)
+
     def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
         outs = list(self.outputs)
+        if self.aliases_since is not None and not clone:
+            outs = [
+                o.as_strided(o.size(), o.stride(), o.storage_offset()) if _in_pool(o, self.device) else o
+                for o in outs
+            ]
         for alias in self.aliases:
             real = args[alias.input_index]
             static = outs[alias.position]
@@ -326,6 +368,24 @@ def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torc
 
 def _storage_ptr(t: torch.Tensor) -> int:
     return int(t.untyped_storage().data_ptr())
+
+
+def _in_pool(value: Any, device: torch.device) -> bool:
+    """An output tensor the graph wrote on its device (graph outputs on other devices are refused)."""
+    return isinstance(value, torch.Tensor) and value.device == device
+
+
+def output_refs(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
+) -> list[tuple[Any, int]]:
+    """(weak reference, use count) per storage of the outputs that live in the graph's pool (not views of
+    inputs), the counts taken while only the graph's own tensors hold them."""
+    viewing_inputs = {a.position for a in aliases}
+    refs: dict[int, Any] = {}
+    for position, out in enumerate(outputs):
+        if position not in viewing_inputs and _in_pool(out, device):
+            refs.setdefault(_storage_ptr(out), torch_compat.storage_weak_ref(out))
+    return [(ref, torch_compat.storage_use_count(ref)) for ref in refs.values()]
 
 
 def _find_aliases(
@@ -449,6 +509,7 @@ def capture_graph(
     for i in static_indices:
         static_ptrs[i] = args[i].data_ptr()
     copy_indices = tuple(sorted(placeholders))
+    del outputs  # the same tensors as out_list: only the graph holds them from here on
     return CapturedGraph(
         graph=graph,
         device=device,
@@ -467,6 +528,7 @@ def capture_graph(
         _layouts={i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
         if borrow_inputs
         else {},
+        output_refs=output_refs(out_list, aliases, device),
     )
 
 

@@ -155,6 +155,11 @@ class GraphSlot:
         assert graph is not None
         if graph.static_indices and not graph.static_inputs_unmoved(args):
             return self._static_moved(args)
+        if not self.runner.options.clone_outputs:
+            generation = torch_compat.compiled_call_generation()
+            if graph.would_overwrite_held_outputs(generation):
+                return self._run_outputs_held(args)
+            graph.last_generation = generation
         if self.verify_calls or self.verify_ptrs is not None:
             when = self._verification_due(args)
             if when:
@@ -165,6 +170,22 @@ class GraphSlot:
             return replay(args, self.runner.options.clone_outputs)
         except Exception as exc:
             return self._replay_failed(args, exc)
+
+    def _run_outputs_held(self, args: Sequence[Any]) -> Any:
+        """This call without the graph: a replay would overwrite outputs of the graph's previous replay
+        in the same compiled call that may still be held (Note: [Outputs held within one call])."""
+        record = self.record
+        record.calls += 1
+        record.held_output_calls += 1
+        if record.held_output_calls == 1:
+            reason = SkipReason(
+                SkipCode.OUTPUTS_HELD,
+                "the graph runs again within one compiled call while outputs of its previous replay may be "
+                "held; such calls run without the graph",
+            )
+            record.add_skip(reason)
+            log_once(reason, f"graph {record.graph_id} ({self.signature_text})")
+        return self.runner.compiled(*args)
 
     # --- safety net (grace.verify) ----------------------------------------------------------
 

@@ -47,6 +47,7 @@ class GraphStats:
     calls: int = 0
     graph_calls: int = 0
     copy_fallback_calls: int = 0
+    held_output_calls: int = 0  # calls run without the graph: its outputs were held within the call
     recaptures: int = 0
     released: bool = False
 
@@ -85,6 +86,7 @@ class GraphStats:
             "pi_bytes_per_replay": self.pi_bytes_per_replay,
             "pi_stages": [list(s) for s in self.pi_stages],
             "copy_fallback_calls": self.copy_fallback_calls,
+            "held_output_calls": self.held_output_calls,
             "recaptures": self.recaptures,
             "decision": self.decision.to_dict() if self.decision is not None else None,
             "skip_reasons": [r.to_dict() for r in self.skip_reasons],
@@ -126,8 +128,9 @@ def snapshot() -> list[dict[str, Any]]:
     ``graph_pi``, ``pending``), kernel_nodes (None when unknown), node_types, calls, graph_launches,
     graph_launches_per_call (over all calls, warm-up included), steady_graph_launches_per_call,
     kernel_launches_per_call (launches outside graphs in a steady call), copy_bytes_per_replay,
-    pi_bytes_per_replay, pi_stages, copy_fallback_calls, recaptures, decision (variant, source,
-    medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
+    pi_bytes_per_replay, pi_stages, copy_fallback_calls, held_output_calls (calls run without the graph
+    because a replay would have overwritten outputs held within one compiled call), recaptures, decision
+    (variant, source, medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
     """
     with _lock:
         records = list(_records.values())
@@ -152,6 +155,7 @@ def reset() -> None:
             record.calls = 0
             record.graph_calls = 0
             record.copy_fallback_calls = 0
+            record.held_output_calls = 0
         _fallbacks.clear()
 
 

@@ -274,6 +274,39 @@ def test_outputs_are_overwritten_unless_cloned(tmp_path: Path) -> None:
         torch.testing.assert_close(out_a, model(a), **TOL)
 
 
+def _layer(x: torch.Tensor) -> torch.Tensor:
+    y = torch.sin(x) * 2.0 + 1.0
+    torch._dynamo.graph_break()  # the code after it is one compiled piece, run once per layer
+    return torch.relu(y) * 0.5
+
+
+def _four_layers(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    a = _layer(x)
+    b = _layer(a)
+    c = _layer(b)
+    return a, b, c, _layer(c)
+
+
+def test_outputs_held_within_one_call_are_never_overwritten(tmp_path: Path) -> None:
+    """Note: [Outputs held within one call] (grace.capture): each piece of ``_layer`` is one graph
+    replayed once per layer, and the model returns every layer's result; a replay that overwrote an
+    earlier layer's output would make them all equal to the last."""
+    x = torch.randn(64, 256, device="cuda")
+    want = _four_layers(x)
+    compiled = torch.compile(_four_layers, backend=GraceBackend(_options(tmp_path, scg=False)))
+    with torch.no_grad():
+        for call in range(4):
+            got = compiled(x)
+            for layer, (g, w) in enumerate(zip(got, want, strict=True)):
+                torch.testing.assert_close(g, w, **TOL, msg=f"call {call}, layer {layer}")
+            del got
+    records = grace.stats.snapshot()
+    _save_artifact("outputs_held_within_one_call", records)
+    assert any(r["variant"] in ("graph_pi", "graph_copies") for r in records), records
+    assert any(r["held_output_calls"] > 0 for r in records), records
+    assert "outputs_held" in {s["code"] for r in records for s in r["skip_reasons"]}
+
+
 def test_input_mutation_applies_once_and_aliases_follow_inputs(tmp_path: Path) -> None:
     def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x.add_(1)

@@ -98,3 +98,38 @@ def test_seed_demo_clones_the_whole_logical_run() -> None:
     (row,) = [g for g in site.grid if g.run.uid == seeded.run_uid]
     assert row.baseline is not None and row.baseline.uids == split.uids
     assert not any("MISSING" in s.counts for s in row.suites)
+
+
+def test_seed_demo_takes_a_re_run_of_changed_code_over_the_older_result() -> None:
+    """Run C re-ran RERUN after its code changed (another workload row, same name and tier): the clone
+    carries run C's results for it, not both runs' (the older one as a stale failure beside it)."""
+    from sqlalchemy import select
+    from test_regressions_logical import RERUN
+
+    from matrix.store.models import CorrectnessResult, Run, Workload
+
+    factory: sessionmaker[Session] = open_store("sqlite://")
+    with factory.begin() as session:
+        seed_history(session, SPEC)
+        split = split_last_night(session)
+        old = session.execute(select(Workload).where(Workload.name == RERUN)).scalars().one()
+        changed = Workload(name=old.name, code_hash="changed-code", tier=old.tier, tags=list(old.tags or []))
+        session.add(changed)
+        session.flush()
+        run_c = session.execute(select(Run).where(Run.uid == split.uids[-1])).scalars().one()
+        for model in (CorrectnessResult,):
+            for row in session.execute(select(model).where(model.run_pk == run_c.id)).scalars():
+                row.workload_pk = changed.id
+        session.flush()
+        seeded = seed_demo(session)
+        clone = session.execute(select(Run).where(Run.uid == seeded.run_uid)).scalars().one()
+        rows = [
+            (r.workload_pk, r.mode, r.status)
+            for r in session.execute(
+                select(CorrectnessResult).where(CorrectnessResult.run_pk == clone.id)
+            ).scalars()
+            if r.workload_pk in (old.id, changed.id)
+        ]
+    assert rows and {pk for pk, _, _ in rows} == {changed.id}
+    assert len({mode for _, mode, _ in rows}) == len(rows)  # one result per mode
+    assert dict((mode, status) for _, mode, status in rows)["grace"] == "fail_accuracy"  # run C's

@@ -178,6 +178,18 @@ def clean_stats() -> Iterator[None]:
     stats.forget_all()
 
 
+@pytest.fixture(autouse=True)
+def each_run_is_a_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``slot.run`` here stands for a call of a compiled model (Dynamo counts them): a new
+    generation each time, so Note: [Outputs held within one call] never applies."""
+    import itertools
+
+    import grace.runner
+
+    counter = itertools.count(1)
+    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(counter))
+
+
 def _inputs() -> list[torch.Tensor]:
     torch.manual_seed(0)
     return [torch.randn(64), torch.randn(64)]

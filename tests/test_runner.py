@@ -110,6 +110,9 @@ class _FakeGraph:
         self.log = log
         log.append(f"capture {self.name}")
 
+    def would_overwrite_held_outputs(self, generation: int) -> bool:
+        return False  # Note: [Outputs held within one call] is tested on a real CapturedGraph
+
     def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
         return all(args[i].data_ptr() == self.static_ptrs[i] for i in self.static_indices)
 
@@ -259,3 +262,95 @@ def test_alternating_signatures_build_each_check_once(
         (out,) = runner(w, torch.ones(rows, 4), 3)
         torch.testing.assert_close(out, torch.full((rows, 4), 3.0))
     assert len(built) == 2 and len(runner.slots) == 2
+
+
+# --- Note: [Outputs held within one call] -----------------------------------------------------------
+
+
+class _WritesOutput:
+    """A stand-in CUDA graph: each replay writes ``x * w * n`` of the captured input into the output."""
+
+    def __init__(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        self.out, self.x = out, x
+
+    def replay(self) -> None:
+        self.out.copy_(self.x * 2)
+
+
+def _held_output_runner(
+    monkeypatch: pytest.MonkeyPatch, generation: list[int], **options: Any
+) -> tuple[GraceRunner, torch.Tensor]:
+    """A runner whose slot decides for a real CapturedGraph (CPU tensors, one static output)."""
+    from grace.capture import CapturedGraph, output_refs
+
+    placeholder = torch.zeros(2, 3)
+    static_out = torch.zeros(2, 3)
+
+    def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
+        outputs: list[Any] = [static_out]
+        slot.graph = CapturedGraph(
+            graph=_WritesOutput(static_out, placeholder), device=torch.device("cpu"),
+            placeholders={1: placeholder}, copy_indices=(1,), mutated_indices=(), outputs=outputs,
+            output_container="list", aliases=(), static_indices=(), static_ptrs=[None, None, None],
+            summary=None, _dense_placeholders={1: placeholder},
+            output_refs=output_refs(outputs, (), torch.device("cpu")),
+        )  # fmt: skip
+        slot.record.variant = Variant.GRAPH_COPIES
+        slot.run = slot._run_copies
+        return slot.run(args)
+
+    monkeypatch.setattr(grace.decide, "decide", capturing_decide)
+    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: generation[0])
+    cpu = torch.device("cpu")
+    plan = RunnerPlan("h", device=cpu, static_indices=(), dynamic_indices=(1,), scalar_indices=(2,))
+    runner = GraceRunner(lambda w, x, n: [x * 2], plan, GraceOptions(**options), None)
+    return runner, static_out
+
+
+def test_a_graph_never_overwrites_outputs_held_within_one_compiled_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One compiled call (generation) runs the same graph per layer and keeps every layer's output: no
+    replay may overwrite an output still held; across calls outputs are overwritten, as documented."""
+    generation = [1]
+    runner, static_out = _held_output_runner(monkeypatch, generation)
+    w = torch.ones(())
+    layers = [torch.full((2, 3), float(k)) for k in range(4)]
+    runner(w, layers[0], 1)  # warm-up, no graph
+    kept = [runner(w, x, 1)[0] for x in layers[1:]]  # the deciding call's replay, then two more
+    for x, out in zip(layers[1:], kept, strict=True):
+        torch.testing.assert_close(out, x * 2)  # each layer's output intact
+    assert kept[0] is static_out and kept[1] is not static_out and kept[2] is not static_out
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 2 and "outputs_held" in {s["code"] for s in record["skip_reasons"]}
+
+    generation[0] = 2  # the next compiled call: replays hand out aliases of the outputs from now on
+    first = runner(w, layers[1], 1)[0]
+    assert first is not static_out and first.data_ptr() == static_out.data_ptr()
+    second = runner(w, layers[2], 1)[0]  # ``first`` is held: no replay
+    torch.testing.assert_close(first, layers[1] * 2)
+    torch.testing.assert_close(second, layers[2] * 2)
+    view = first[:1]  # a view made of an alias holds the storage as well
+    del first
+    third = runner(w, layers[3], 1)[0]
+    torch.testing.assert_close(view, layers[1][:1] * 2)
+    torch.testing.assert_close(third, layers[3] * 2)
+    assert third.data_ptr() != static_out.data_ptr()
+    del view, second, third
+    fourth = runner(w, layers[0], 1)[0]  # nothing of the last replay is held any more: replayed
+    assert fourth.data_ptr() == static_out.data_ptr()
+    torch.testing.assert_close(fourth, layers[0] * 2)
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 4 and record["graph_launches"] == 3
+
+
+def test_cloned_outputs_are_never_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    generation = [1]
+    runner, _ = _held_output_runner(monkeypatch, generation, clone_outputs=True)
+    w = torch.ones(())
+    layers = [torch.full((2, 3), float(k)) for k in range(4)]
+    outs = [runner(w, x, 1)[0] for x in layers]
+    for x, out in zip(layers, outs, strict=True):
+        torch.testing.assert_close(out, x * 2)
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 0 and record["graph_launches"] == 3

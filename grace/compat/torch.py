@@ -23,6 +23,12 @@ number, and every helper keeps one signature whatever the release. Facts relied 
   allocator on a stream's first matmul and held until ``torch._C._cuda_clearCublasWorkspaces()`` (present
   in every supported release; cudagraph trees call it around each warm-up and recording). A workspace
   allocated while a stream captures lands in that capture's private pool.
+- Dynamo counts the top-level calls of compiled functions: each entry into a ``torch.compile``d
+  function adds one to ``torch._dynamo.mutation_guard.GenerationTracker.generation`` (every supported
+  release; cudagraph trees read it to tell one call's graphs from the next call's), and
+  ``torch.compiler.cudagraph_mark_step_begin()`` counts ``torch._inductor.cudagraph_trees.MarkStepBox
+  .mark_step_counter`` down from 0 (2.1 on), which trees then use instead. ``torch._C._storage_Use_Count``
+  counts the tensors (and Python storage objects) holding a storage, not weak references to it.
 - Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``) checks tensor metadata in one call; its
   constructor takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` from 2.1 on. It is probed, and the
   runner falls back to its Python signature where the probe fails.
@@ -133,6 +139,38 @@ def clear_cublas_workspaces() -> None:
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None and torch.cuda.is_initialized():
         clear()
+
+
+@functools.cache
+def _generation_sources() -> tuple[Any, Any]:
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    try:
+        from torch._inductor.cudagraph_trees import MarkStepBox
+    except Exception:  # no Inductor CUDA graph trees: only Dynamo's count
+        return GenerationTracker, None
+    return GenerationTracker, MarkStepBox
+
+
+def compiled_call_generation() -> int:
+    """Which top-level call of a compiled function runs now, as cudagraph trees tell it: the user's
+    ``cudagraph_mark_step_begin()`` count (negative) once used, else Dynamo's count of entries."""
+    tracker, box = _generation_sources()
+    if box is not None and box.mark_step_counter != 0:
+        return int(box.mark_step_counter)
+    return int(tracker.generation)
+
+
+def storage_use_count(ref: Any) -> int:
+    """Tensors (and Python storage objects) holding the storage of a ``StorageWeakRef``'s ``cdata``."""
+    return int(torch._C._storage_Use_Count(ref.cdata))
+
+
+def storage_weak_ref(tensor: torch.Tensor) -> Any:
+    """A weak reference to ``tensor``'s storage (it does not count in ``storage_use_count``)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(tensor.untyped_storage())
 
 
 def is_current_stream_capturing() -> bool:

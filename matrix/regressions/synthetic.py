@@ -344,13 +344,15 @@ def _copied_columns(model: type[Any]) -> tuple[str, ...]:
     return tuple(c.key for c in model.__table__.columns if c.key not in {"id", "run_pk", "recorded_at"})
 
 
-def _merge_key(model: type[Any]) -> Callable[[Any], Hashable]:
-    """What a later run of a logical run replaces: a workload x mode, a PI subject x stage, a test."""
+def _merge_key(model: type[Any], workloads: dict[int, tuple[str, str]]) -> Callable[[Any], Hashable]:
+    """What a later run of a logical run replaces: a workload x mode (by name and tier, as the regressions
+    compare them: a workload whose code changed between two runs is one workload), a PI subject x stage,
+    a test."""
     if model is PIStageResult:
         return lambda r: (r.subject, r.stage)
     if model is TestOutcome:
         return lambda r: r.record_key
-    return lambda r: (r.workload_pk, r.mode)
+    return lambda r: (workloads[r.workload_pk], r.mode)
 
 
 def _merged_rows(session: Session, model: type[Any], run: RunInfo) -> list[Any]:
@@ -358,7 +360,8 @@ def _merged_rows(session: Session, model: type[Any], run: RunInfo) -> list[Any]:
         pk: session.execute(select(model).where(model.run_pk == pk).order_by(model.id)).scalars().all()
         for pk in run.pks
     }
-    return logical.merge_latest(run, per_pk, _merge_key(model))
+    workloads = {w.id: (w.name, w.tier) for w in session.execute(select(Workload)).scalars()}
+    return logical.merge_latest(run, per_pk, _merge_key(model, workloads))
 
 
 def seed_demo(
