@@ -113,9 +113,10 @@ no-graph run grace makes now starts without one. In the suites (results/h200-tor
 seed_elementwise_1m 5.3 against 8.0, linear8_cpu_scalar 37.0 against 34.0, the largest ratio). What
 remains above pt2cg: mutating callables' outputs as large as their inputs (the reference runs after the
 capture), and the outputs every kept graph holds in its own pool for as long as it lives, which adds up
-over the graphs of a model split by graph breaks: DebertaForQuestionAnswering, 65.5 MiB against 46.3,
-keeps 17 graphs (three of its pieces see their layer's parameters at other addresses in each of four
-layers and get a graph per layer, within ``max_recaptures``). pt2cg's recordings share one pool and an
+over the graphs of a model split by graph breaks: DebertaForQuestionAnswering, 65.5 MiB against 46.3
+(66.2 in the re-run, h200-torch2.11-2026-11-29-k.jsonl), keeps 17 to 18 graphs (three of its pieces see
+their layer's parameters at other addresses in each of four layers and get a graph per layer, within
+``max_recaptures``). pt2cg's recordings share one pool and an
 output's memory serves a later recording once the caller has dropped it; closing this needs that output
 liveness tracking (a replay must never overwrite an output the caller still holds).
 """

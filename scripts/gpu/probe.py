@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import io
 import json
@@ -155,7 +156,7 @@ def workspace(deadline: float, save: Callable[[str, Any], None], workloads: list
             for _ in range(3):
                 fn(*inputs)
             samples = time_variants(
-                {fresh: lambda: fn(*inputs), kept: lambda: fn(*inputs)},
+                {fresh: functools.partial(fn, *inputs), kept: functools.partial(fn, *inputs)},
                 samples=60,
                 warmup=2,
                 device=torch.device("cuda"),
