@@ -57,8 +57,10 @@ class GraceOptions:
             the user cache directory (``$XDG_CACHE_HOME/grace`` or ``~/.cache/grace``).
         persist_decisions: read and write SCG decisions in ``cache_dir``.
         clone_outputs: return clones of graph outputs. Without it, outputs live in the graph's memory
-            pool and the next replay of the same graph overwrites them (as with PyTorch's cudagraph
-            trees): clone what you keep across calls, or set this.
+            pool and the graph's replay in the next call of the compiled model overwrites them (as with
+            PyTorch's cudagraph trees): clone what you keep across calls, or set this. Within one call a
+            replay never overwrites an output still held: that call runs without the graph (Note:
+            [Outputs held within one call] in grace.capture).
         max_graphs_per_callable: bound on graphs kept per compiled callable, one per input signature
             (shapes, strides, dtypes, integer inputs); the least recently used one is released.
         warmup_calls: calls run without a graph before the first capture of a signature.
