@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grace.pi.table import SLOT_BYTES, LastValues, PointerTable
+from grace.pi.table import SLOT_BYTES, CountsWrites, LastValues, PointerTable
 
 if TYPE_CHECKING:
     from grace.pi.driver import ParamBuffer
@@ -154,7 +154,7 @@ def fill_function(layout: FillLayout, capability: int, device_index: int) -> int
     return _fill_functions[key]
 
 
-class FillTable:
+class FillTable(CountsWrites):
     """The device table of a ``PointerTable``, written by the graph's fill node (the table's interface).
 
     Invariant: after ``write`` returned, the next launch of the graph (not one already queued) writes
@@ -214,18 +214,6 @@ class FillTable:
         set_params()
         self._last.commit(current)
         return True
-
-    @property
-    def copies(self) -> int:
-        return self._last.copies
-
-    @property
-    def skipped(self) -> int:
-        return self._last.skipped
-
-    def forget(self) -> None:
-        """Force the next write to update the node (after something else may have changed the table)."""
-        self._last.last = None
 
 
 def _add_node(

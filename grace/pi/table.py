@@ -50,7 +50,25 @@ class LastValues:
         self.copies += 1
 
 
-class PointerTable:
+class CountsWrites:
+    """``copies``, ``skipped`` and ``forget()`` of a table writer whose ``LastValues`` is ``_last``."""
+
+    _last: LastValues
+
+    @property
+    def copies(self) -> int:
+        return self._last.copies
+
+    @property
+    def skipped(self) -> int:
+        return self._last.skipped
+
+    def forget(self) -> None:
+        """Force the next write to reach the device (after something else may have changed the table)."""
+        self._last.last = None
+
+
+class PointerTable(CountsWrites):
     def __init__(self, slots: int, device: Any) -> None:
         import torch
 
@@ -60,7 +78,7 @@ class PointerTable:
         self.device_table = torch.empty(max(slots, 1), dtype=torch.int64, device=device)
         self._device_slots = self.device_table[:slots]
         self._ring = StagingRing(torch.int64, self.device_table.device)
-        self._values = LastValues(slots)
+        self._last = LastValues(slots)
         self._format = struct.Struct(f"<{slots}Q")
 
     @property
@@ -74,7 +92,7 @@ class PointerTable:
 
     def write(self, values: Sequence[int]) -> bool:
         """Make the device slots hold ``values`` before the next replay; True when a copy was issued."""
-        current = self._values.changed(values)
+        current = self._last.changed(values)
         if current is None:
             return False
         host = self._ring.acquire(self.slots)
@@ -82,17 +100,5 @@ class PointerTable:
         ctypes.memmove(host.data_ptr(), packed, len(packed))
         self._device_slots.copy_(host[: self.slots], non_blocking=True)
         self._ring.issued()
-        self._values.commit(current)
+        self._last.commit(current)
         return True
-
-    @property
-    def copies(self) -> int:
-        return self._values.copies
-
-    @property
-    def skipped(self) -> int:
-        return self._values.skipped
-
-    def forget(self) -> None:
-        """Force the next write to copy (after something else may have changed the device table)."""
-        self._values.last = None
