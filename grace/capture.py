@@ -232,6 +232,7 @@ class CapturedGraph:
     # each with the use count the graph's own tensors give it; the compiled call of the last replay through
     # the runner; the call from which replays hand out aliases of the outputs (None: the outputs).
     output_refs: list[tuple[Any, int]] = field(default_factory=list)
+    output_bytes: int = 0  # bytes of the outputs' storages in the graph's pool, held as long as the graph
     last_generation: int | None = None
     aliases_since: int | None = None
 
@@ -375,17 +376,29 @@ def _in_pool(value: Any, device: torch.device) -> bool:
     return isinstance(value, torch.Tensor) and value.device == device
 
 
+def _pool_outputs(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
+) -> dict[int, torch.Tensor]:
+    """One output tensor per storage the graph's pool holds for its outputs (views of inputs left out)."""
+    viewing_inputs = {a.position for a in aliases}
+    found: dict[int, torch.Tensor] = {}
+    for position, out in enumerate(outputs):
+        if position not in viewing_inputs and _in_pool(out, device):
+            found.setdefault(_storage_ptr(out), out)
+    return found
+
+
 def output_refs(
     outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
 ) -> list[tuple[Any, int]]:
-    """(weak reference, use count) per storage of the outputs that live in the graph's pool (not views of
-    inputs), the counts taken while only the graph's own tensors hold them."""
-    viewing_inputs = {a.position for a in aliases}
-    refs: dict[int, Any] = {}
-    for position, out in enumerate(outputs):
-        if position not in viewing_inputs and _in_pool(out, device):
-            refs.setdefault(_storage_ptr(out), torch_compat.storage_weak_ref(out))
-    return [(ref, torch_compat.storage_use_count(ref)) for ref in refs.values()]
+    """(weak reference, use count) per storage of the outputs that live in the graph's pool, the counts
+    taken while only the graph's own tensors hold them."""
+    refs = [torch_compat.storage_weak_ref(t) for t in _pool_outputs(outputs, aliases, device).values()]
+    return [(ref, torch_compat.storage_use_count(ref)) for ref in refs]
+
+
+def pool_output_bytes(outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device) -> int:
+    return sum(int(t.untyped_storage().nbytes()) for t in _pool_outputs(outputs, aliases, device).values())
 
 
 def _find_aliases(
@@ -529,6 +542,7 @@ def capture_graph(
         if borrow_inputs
         else {},
         output_refs=output_refs(out_list, aliases, device),
+        output_bytes=pool_output_bytes(out_list, aliases, device),
     )
 
 

@@ -245,6 +245,7 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     # in the steady state (Note: [cuBLAS workspaces] in grace.capture).
     torch_compat.clear_cublas_workspaces()
     slot.graph = chosen
+    slot.note_graphs()
     record.variant = decision.variant
     record.copy_bytes_per_replay = _copied_bytes(chosen, decision.variant)
     record.copy_launches_per_replay = _copy_launches(chosen, decision.variant)

@@ -281,6 +281,13 @@ class GraphSlot:
         for kept in self.kept:
             kept.graph.release()
         self.kept = []
+        self.note_graphs()
+
+    def note_graphs(self) -> None:
+        """Record the graphs the slot keeps and the bytes their outputs hold."""
+        graphs = [k.graph for k in self.kept] + ([self.graph] if self.graph is not None else [])
+        self.record.graphs_held = len(graphs)
+        self.record.output_bytes_held = sum(g.output_bytes for g in graphs)
 
     def _keep_current(self) -> None:
         if self.graph is not None:

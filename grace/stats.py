@@ -48,6 +48,8 @@ class GraphStats:
     graph_calls: int = 0
     copy_fallback_calls: int = 0
     held_output_calls: int = 0  # calls run without the graph: its outputs were held within the call
+    graphs_held: int = 0  # graphs the slot keeps (one per static-input address set)
+    output_bytes_held: int = 0  # bytes of their outputs in their pools, allocated while they live
     recaptures: int = 0
     released: bool = False
 
@@ -87,6 +89,8 @@ class GraphStats:
             "pi_stages": [list(s) for s in self.pi_stages],
             "copy_fallback_calls": self.copy_fallback_calls,
             "held_output_calls": self.held_output_calls,
+            "graphs_held": self.graphs_held,
+            "output_bytes_held": self.output_bytes_held,
             "recaptures": self.recaptures,
             "decision": self.decision.to_dict() if self.decision is not None else None,
             "skip_reasons": [r.to_dict() for r in self.skip_reasons],
@@ -129,7 +133,8 @@ def snapshot() -> list[dict[str, Any]]:
     graph_launches_per_call (over all calls, warm-up included), steady_graph_launches_per_call,
     kernel_launches_per_call (launches outside graphs in a steady call), copy_bytes_per_replay,
     pi_bytes_per_replay, pi_stages, copy_fallback_calls, held_output_calls (calls run without the graph
-    because a replay would have overwritten outputs held within one compiled call), recaptures, decision
+    because a replay would have overwritten outputs held within one compiled call), graphs_held and
+    output_bytes_held (the slot's live graphs and the bytes of their outputs), recaptures, decision
     (variant, source, medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
     """
     with _lock:

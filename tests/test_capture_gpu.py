@@ -302,7 +302,10 @@ def test_outputs_held_within_one_call_are_never_overwritten(tmp_path: Path) -> N
             del got
     records = grace.stats.snapshot()
     _save_artifact("outputs_held_within_one_call", records)
-    assert any(r["variant"] in ("graph_pi", "graph_copies") for r in records), records
+    graphs = [r for r in records if r["variant"] in ("graph_pi", "graph_copies")]
+    assert graphs, records
+    # each piece keeps one graph whose pool holds its one 64x256 float32 output
+    assert all((r["graphs_held"], r["output_bytes_held"]) == (1, x.nbytes) for r in graphs), graphs
     assert any(r["held_output_calls"] > 0 for r in records), records
     assert "outputs_held" in {s["code"] for r in records for s in r["skip_reasons"]}
 

@@ -281,7 +281,7 @@ def _held_output_runner(
     monkeypatch: pytest.MonkeyPatch, generation: list[int], **options: Any
 ) -> tuple[GraceRunner, torch.Tensor]:
     """A runner whose slot decides for a real CapturedGraph (CPU tensors, one static output)."""
-    from grace.capture import CapturedGraph, output_refs
+    from grace.capture import CapturedGraph, output_refs, pool_output_bytes
 
     placeholder = torch.zeros(2, 3)
     static_out = torch.zeros(2, 3)
@@ -294,7 +294,9 @@ def _held_output_runner(
             output_container="list", aliases=(), static_indices=(), static_ptrs=[None, None, None],
             summary=None, _dense_placeholders={1: placeholder},
             output_refs=output_refs(outputs, (), torch.device("cpu")),
+            output_bytes=pool_output_bytes(outputs, (), torch.device("cpu")),
         )  # fmt: skip
+        slot.note_graphs()
         slot.record.variant = Variant.GRAPH_COPIES
         slot.run = slot._run_copies
         return slot.run(args)
@@ -342,6 +344,7 @@ def test_a_graph_never_overwrites_outputs_held_within_one_compiled_call(
     torch.testing.assert_close(fourth, layers[0] * 2)
     (record,) = stats.snapshot()
     assert record["held_output_calls"] == 4 and record["graph_launches"] == 3
+    assert (record["graphs_held"], record["output_bytes_held"]) == (1, 2 * 3 * 4)
 
 
 def test_cloned_outputs_are_never_held(monkeypatch: pytest.MonkeyPatch) -> None:
