@@ -137,3 +137,43 @@ def test_a_borrowed_graph_gets_its_own_placeholders_when_a_call_needs_a_copy() -
     torch.testing.assert_close(graph.placeholders[1], later[1])  # the copy went to the new placeholder
     assert not capture_args[0].any() and not capture_args[1].any()  # never into the capturing inputs
     assert plan.calls == 3  # the update that found the copy ran again after the rebase
+
+
+def _graph_with_outputs(outputs: list[Any], aliases: tuple[Any, ...] = ()) -> CapturedGraph:
+    from grace.capture import output_refs, pool_output_bytes
+
+    cpu = torch.device("cpu")
+    return CapturedGraph(
+        graph=None, device=cpu, placeholders={}, copy_indices=(), mutated_indices=(), outputs=outputs,
+        output_container="tuple", aliases=aliases, static_indices=(), static_ptrs=[],
+        summary=None, output_refs=output_refs(outputs, aliases, cpu),
+        output_bytes=pool_output_bytes(outputs, aliases, cpu),
+    )  # fmt: skip
+
+
+def test_outputs_sharing_a_storage_are_one_held_storage_and_counted_once() -> None:
+    """Note: [Outputs held within one call]: two outputs viewing one buffer give one weak reference whose
+    own count is both tensors; a view of an input is not the pool's and is neither tracked nor aliased."""
+    from grace.capture import OutputAlias
+
+    base = torch.zeros(4, 4)
+    rows, first = base[:2], base[0]
+    x = torch.ones(3)
+    viewing_x = OutputAlias(position=2, input_index=0, offset_delta=1)
+    graph = _graph_with_outputs([rows, first, x[1:]], (viewing_x,))
+    assert len(graph.output_refs) == 1 and graph.output_bytes == base.nbytes
+    assert not graph.would_overwrite_held_outputs(1)  # a first replay in this call
+    graph.last_generation = 1
+    assert graph.would_overwrite_held_outputs(1)  # back in the same call: its own tensors were handed out
+    graph.last_generation = 2
+    assert not graph.would_overwrite_held_outputs(3)
+    graph.last_generation = 3
+    out = graph.collect_outputs([x], clone=False)  # aliases of the pool's outputs from now on
+    assert out[0] is not rows and out[0].data_ptr() == rows.data_ptr() and out[1] is not first
+    assert out[2].data_ptr() == x.data_ptr() + x.element_size()  # the input's view, rebuilt on the input
+    assert graph.would_overwrite_held_outputs(3)  # ``out`` holds the pool's storage
+    held = out[1].view(2, 2)
+    del out
+    assert graph.would_overwrite_held_outputs(3)  # a view of an alias still holds it
+    del held
+    assert not graph.would_overwrite_held_outputs(3)
