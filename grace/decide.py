@@ -270,15 +270,20 @@ def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> tuple[Any, bool, l
     value, on_host = offload(runner.compiled(*args), options.host_reference_bytes)
     if not (on_host and options.scg):
         return value, on_host, None
-    runs: dict[Variant, Callable[[], Any]] = {Variant.NO_GRAPH: lambda: runner.compiled(*args)}
-    samples = time_variants(
+    samples = _time(slot, {Variant.NO_GRAPH: lambda: runner.compiled(*args)})
+    return value, on_host, samples[Variant.NO_GRAPH]
+
+
+def _time(slot: GraphSlot, runs: dict[Variant, Callable[[], Any]]) -> dict[Variant, list[float]]:
+    """SCG's samples of ``runs`` with the slot's options, each no-graph run without a cuBLAS workspace."""
+    options = slot.runner.options
+    return time_variants(
         runs,
         samples=options.scg_samples,
         warmup=options.scg_warmup,
-        device=runner.plan.device,
+        device=slot.runner.plan.device,
         untimed_setup=_FRESH_WORKSPACE,
     )
-    return value, on_host, samples[Variant.NO_GRAPH]
 
 
 def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any) -> Any:
@@ -573,13 +578,7 @@ def _choose(
     for variant, graph in graphs.items():
         if variant in candidates:
             runs[variant] = _bound_run(slot, variant, graph, args)
-    timed = time_variants(
-        runs,
-        samples=options.scg_samples,
-        warmup=options.scg_warmup,
-        device=runner.plan.device,
-        untimed_setup=_FRESH_WORKSPACE,
-    )
+    timed = _time(slot, runs)
     # No-graph samples taken before the capture (_reference_first) join the graphs' own.
     samples = {Variant.NO_GRAPH: no_graph_samples, **timed} if no_graph_samples is not None else timed
     med = medians(samples)
