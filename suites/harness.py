@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from grace.compat.torch import clear_cublas_workspaces
 from suites import grace_stats
 from suites.modes import GRACE_MODES, SPECS, Mode, build, reset_compilers, unavailable_reason
 from suites.records import CorrectnessStatus
@@ -87,9 +88,7 @@ def memory_window_base(device: torch.device) -> int:
     allocates them again. So every window starts without them and pays its own."""
     gc.collect()
     torch.cuda.synchronize(device)
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:
-        clear_workspaces()
+    clear_cublas_workspaces()
     torch.cuda.reset_peak_memory_stats(device)
     return int(torch.cuda.memory_allocated(device))
 

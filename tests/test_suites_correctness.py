@@ -296,6 +296,7 @@ def test_each_mode_window_starts_without_cublas_workspaces(monkeypatch: pytest.M
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"), raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a stand-in GPU in use
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: calls.append("reset"))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: calls.append("base") or 7)
     stand_in = types.SimpleNamespace(device=torch.device("cuda"))
