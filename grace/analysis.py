@@ -188,3 +188,38 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
         for target in written:
             mutated.update(aliases.get(target, frozenset()))
     return tuple(sorted(mutated))
+
+
+# Substrings of the operators that draw random numbers (aten, prims and Inductor's seed helpers).
+_RANDOM_OP_MARKERS = (
+    "rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "geometric", "cauchy",
+    "multinomial", "poisson", "seed", "philox", "rng",
+)  # fmt: skip
+
+
+def random_ops(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """The operators of ``gm`` that draw random numbers (a conservative match on their names); a
+    dropout whose ``training``/``train`` argument is the constant False draws none.
+
+    A CUDA graph that draws random numbers relies on torch's replay to advance the generator's offset;
+    grace.rebind launches graphs itself and declines such graphs."""
+    found: list[str] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = str(node.target).lower()
+        if not any(marker in name for marker in _RANDOM_OP_MARKERS):
+            continue
+        if "dropout" in name and _dropout_training(node) is False:
+            continue
+        if name not in found:
+            found.append(name)
+    return tuple(found)
+
+
+def _dropout_training(node: torch.fx.Node) -> Any:
+    """The ``training`` (``train``) argument of a dropout call: (input, p, training) in every spelling."""
+    for key in ("training", "train"):
+        if key in node.kwargs:
+            return node.kwargs[key]
+    return node.args[2] if len(node.args) > 2 else True

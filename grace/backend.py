@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from grace.analysis import analyze_inputs, mutated_inputs
+from grace.analysis import analyze_inputs, mutated_inputs, random_ops
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions, GraceOptionsError
@@ -186,6 +186,7 @@ def compile_graph(
         input_adapter=adapter,
         pi_prepare=pi_prepare,
         pi_unavailable=pi_note,
+        random_ops=random_ops(gm),
     )
     environment = _environment(analysis.device) if skip is None and analysis.device is not None else None
     runner = GraceRunner(compiled, plan, options, environment)

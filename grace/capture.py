@@ -10,7 +10,10 @@ Design: ``capture_graph`` warms nothing up (the runner has already run the calla
 capture stream), swaps the dynamic inputs for placeholders, captures on grace's side stream into a
 private pool, hands the raw ``cudaGraph_t`` to the hooks (stats, then PI through ``CaptureContext``)
 before instantiation, and returns a ``CapturedGraph``. Outputs that are views of a placeholder are
-rebuilt as views of the caller's real input on each replay, so aliasing is what eager gives.
+rebuilt as views of the caller's real input on each replay, so aliasing is what eager gives. With
+``keep_pristine`` it also keeps a copy of the captured graph as it was before the hooks, from which
+grace.rebind makes graphs for other addresses of the static inputs; such graphs replay in the captured
+graph's pool and write its outputs (a family: ``CapturedGraph.origin`` and ``sharers``).
 
 Invariants:
 - the hooks see the graph before ``instantiate``: edits made there are in every replay;
@@ -26,7 +29,9 @@ Invariants:
   reads into them first), and a released graph drops only its references to them;
 - a graph captured on the caller's own inputs (``borrow_inputs``, option ``pi_direct``) keeps no
   reference to them: it has no placeholders until a call needs one (``CapturedGraph.own_placeholders``),
-  and nothing is ever copied into an input of the capturing call.
+  and nothing is ever copied into an input of the capturing call;
+- the pool of a captured graph lives until the last graph of its family is released
+  (``CapturedGraph.release``), whichever that is; the pristine copy is destroyed with it.
 
 Note: [cuBLAS workspaces]
 cuBLAS keeps a workspace per (handle, stream) (about 32 MiB on the H200), allocated on a stream's first
@@ -61,7 +66,11 @@ time in one call while an output of its previous replay is held: that call runs 
 first time a graph comes back within one call, the outputs it handed out were its own tensors, whose
 holders cannot be counted, so it does not replay again in that call; from the next call on it hands out
 aliases of its outputs, and a replay within the same call is allowed when the storages' use counts are
-back to what the graph's own tensors give them (every alias and every view made of one has died).
+back to what the graph's own tensors give them (every alias and every view made of one has died). Graphs
+rebound from one capture (grace.rebind) write the same outputs and count as one graph here: the state
+lives with the captured graph (``CapturedGraph.outputs_owner``), with which graph replayed last
+(``last_replayed_by_another``), so that the runner can tell a layer that holds another layer's outputs
+(Note: [Layers that hold each other's outputs] in grace.rebind).
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
@@ -88,12 +97,37 @@ from grace.reasons import SkipCode, SkipReason
 logger = logging.getLogger(__name__)
 
 
+HELD_NONE, HELD_UNKNOWN, HELD = "", "unknown", "held"  # CapturedGraph.held_outputs
+
+
 class CaptureError(RuntimeError):
     """Capture, instantiation or the first replay failed; ``reason`` says how."""
 
     def __init__(self, reason: SkipReason) -> None:
         super().__init__(str(reason))
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class StorageSpan:
+    """Where a tensor's data sits: its data pointer and its storage's address range."""
+
+    data_ptr: int
+    start: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.nbytes
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> StorageSpan:
+        storage = t.untyped_storage()
+        return cls(int(t.data_ptr()), int(storage.data_ptr()), int(storage.nbytes()))
+
+
+def storage_spans(args: Sequence[Any], indices: Sequence[int]) -> dict[int, StorageSpan]:
+    return {i: StorageSpan.of(args[i]) for i in indices if isinstance(args[i], torch.Tensor)}
 
 
 @dataclass(frozen=True)
@@ -111,6 +145,8 @@ class CaptureContext:
         device: the CUDA device of the graph.
         example_inputs: the real inputs of the capturing call (for alignment and view checks).
         pi_table_update: option ``pi_table_update`` (how PI writes its pointer table per replay).
+        placeholder_spans: where the graph reads each dynamic input when that is not ``placeholders``
+            (a graph rebound by grace.rebind reads its origin's capture addresses); None: placeholders.
     """
 
     graph_handle: int
@@ -121,6 +157,7 @@ class CaptureContext:
     device: torch.device
     example_inputs: tuple[Any, ...] = ()
     pi_table_update: str = "node"
+    placeholder_spans: Mapping[int, StorageSpan] | None = None
 
 
 @runtime_checkable
@@ -235,6 +272,18 @@ class CapturedGraph:
     output_bytes: int = 0  # bytes of the outputs' storages in the graph's pool, held as long as the graph
     last_generation: int | None = None
     aliases_since: int | None = None
+    last_writer: int | None = None  # id() of the graph whose replay wrote the outputs last
+    # grace.rebind: the captured graph before any hook edited it (a cuGraph_t this object destroys), the
+    # spans of the static inputs and of what the capture read for each dynamic input (placeholders or,
+    # borrowed, the caller's inputs); a graph rebound from another has that one as ``origin`` and shares
+    # its pool, placeholders, outputs and held-output state; ``sharers`` counts those of an origin.
+    pristine: int | None = None
+    static_spans: dict[int, StorageSpan] = field(default_factory=dict)
+    capture_spans: dict[int, StorageSpan] = field(default_factory=dict)
+    origin: CapturedGraph | None = None
+    sharers: int = 0
+    _pool_release_pending: bool = False
+    _output_spans: list[tuple[int, int]] | None = None
 
     def own_placeholders(self) -> dict[int, int]:
         """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses.
@@ -260,22 +309,66 @@ class CapturedGraph:
     def replay(self) -> None:
         self.graph.replay()
 
+    @property
+    def outputs_owner(self) -> CapturedGraph:
+        """The graph whose outputs this one writes: itself, or the graph it was rebound from."""
+        return self.origin if self.origin is not None else self
+
+    @property
+    def shares_outputs(self) -> bool:
+        """Whether another graph (grace.rebind) writes this graph's outputs too."""
+        return self.origin is not None or self.sharers > 0
+
     def would_overwrite_held_outputs(self, generation: int) -> bool:
-        """Whether replaying now, in compiled call ``generation``, could overwrite outputs of this graph's
-        last replay that something still holds (Note: [Outputs held within one call])."""
-        if generation != self.last_generation:
-            return False
-        if self.aliases_since is None:
-            # The last replay handed out the outputs themselves: whether they are held cannot be seen.
-            self.aliases_since = generation
-            return True
-        if generation == self.aliases_since:
-            return True
-        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.output_refs)
+        """Whether replaying now, in compiled call ``generation``, could overwrite outputs of the last
+        replay of this graph, or of a graph sharing its outputs, that something still holds (Note:
+        [Outputs held within one call])."""
+        return self.held_outputs(generation) != HELD_NONE
+
+    def held_outputs(self, generation: int) -> str:
+        """``HELD_NONE``: a replay now overwrites nothing still held; ``HELD_UNKNOWN``: the last replay in
+        this call handed out the outputs themselves, whose holders cannot be counted; ``HELD``: counted."""
+        owner = self.outputs_owner
+        if generation != owner.last_generation:
+            return HELD_NONE
+        if owner.aliases_since is None:
+            owner.aliases_since = generation
+            return HELD_UNKNOWN
+        if generation == owner.aliases_since:
+            return HELD_UNKNOWN
+        if any(torch_compat.storage_use_count(ref) > own for ref, own in owner.output_refs):
+            return HELD
+        return HELD_NONE
+
+    def last_replayed_by_another(self) -> bool:
+        """Whether the last replay that wrote these outputs was another graph's (one rebound from the
+        same capture)."""
+        return self.outputs_owner.last_writer not in (None, id(self))
+
+    def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
+        """Whether an input at ``indices`` lies in the storage of one of this graph's outputs in its pool:
+        a layer's result handed to the next layer's piece (the outputs of a graph rebound from the same
+        capture share those storages, grace.rebind)."""
+        spans = self._output_spans
+        if spans is None:
+            found = _pool_outputs(self.outputs, self.aliases, self.device).values()
+            spans = self._output_spans = [(StorageSpan.of(t).start, StorageSpan.of(t).end) for t in found]
+        for i in indices:
+            a = args[i]
+            if isinstance(a, torch.Tensor):
+                ptr = a.data_ptr()
+                if any(start <= ptr < end for start, end in spans):
+                    return True
+        return False
+
+    def note_replay(self, generation: int) -> None:
+        owner = self.outputs_owner
+        owner.last_generation = generation
+        owner.last_writer = id(self)
 
     def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
         outs = list(self.outputs)
-        if self.aliases_since is not None and not clone:
+        if self.outputs_owner.aliases_since is not None and not clone:
             outs = [
                 o.as_strided(o.size(), o.stride(), o.storage_offset()) if _in_pool(o, self.device) else o
                 for o in outs
@@ -320,7 +413,10 @@ class CapturedGraph:
             dense_view(args[i]).copy_(self._dense_placeholders[i])
 
     def release(self) -> None:
-        """Drop the graph, its placeholders and static outputs; the pool is freed with the last of them."""
+        """Drop the graph, its placeholders and static outputs; the pool is freed with the last of them.
+
+        Graphs rebound from this one (grace.rebind) replay in its pool: the pool is released with the
+        last graph of the family, whichever is released last."""
         release = getattr(self.pi_plan, "release", None)
         if callable(release):
             try:
@@ -328,13 +424,25 @@ class CapturedGraph:
             except Exception:  # releasing must not raise out of reset or GC
                 logger.debug("grace: PI plan release failed", exc_info=True)
         self.pi_plan = None
-        try:
-            self.graph.reset()
-        except Exception:
-            logger.debug("grace: CUDAGraph.reset failed", exc_info=True)
+        origin, self.origin = self.origin, None
+        if origin is not None:
+            _reset(self.graph)  # the rebound executable graph; the pool is the origin's
+            origin.sharers -= 1
+            if origin.sharers == 0 and origin._pool_release_pending:
+                origin._release_pool()
+        elif self.sharers:
+            self._pool_release_pending = True
+        else:
+            self._release_pool()
         self.outputs = []
         self.placeholders = {}
         self._dense_placeholders = {}
+
+    def _release_pool(self) -> None:
+        self._pool_release_pending = False
+        _reset(self.graph)
+        pristine, self.pristine = self.pristine, None
+        _destroy(pristine)
 
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
@@ -437,6 +545,7 @@ def capture_graph(
     hooks: Sequence[GraphHook] = (),
     placeholders: Mapping[int, torch.Tensor] | None = None,
     borrow_inputs: bool = False,
+    keep_pristine: bool = False,
 ) -> CapturedGraph:
     """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
 
@@ -445,6 +554,8 @@ def capture_graph(
     themselves (the hooks see them as the placeholders) and return a graph without placeholders
     (``CapturedGraph.borrowed``); only for a graph whose hooks redirect every read of them (PI), and only
     where ``borrow_blocker`` finds nothing. An output that views an input raises ``CaptureError``.
+    ``keep_pristine``: keep a copy of the captured graph as it was before the hooks (grace.rebind serves
+    other addresses of the static inputs from it); only where this torch keeps the captured graph.
     """
     if borrow_inputs:
         blocker = borrow_blocker(args, dynamic_indices, static_indices)
@@ -480,12 +591,13 @@ def capture_graph(
                 graph.capture_end()
                 torch_compat.clear_cublas_workspaces()
     except Exception as exc:
-        _discard(graph)
+        _reset(graph)
         cuda_compat.clear_last_error()
         raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
     finally:
         current.wait_stream(stream)
 
+    pristine = _pristine_copy(graph) if keep_graph and keep_pristine else None
     if keep_graph:
         try:
             with torch.cuda.device(device):  # hooks load modules and instantiate in the graph's context
@@ -493,12 +605,14 @@ def capture_graph(
                     _run_hooks(hooks, int(graph.raw_cuda_graph()), placeholders, hook_errors)
                 graph.instantiate()
         except Exception as exc:
-            _discard(graph)
+            _reset(graph)
+            _destroy(pristine)
             raise CaptureError(
                 SkipReason(SkipCode.INSTANTIATE_FAILED, f"{type(exc).__name__}: {exc}")
             ) from exc
     if hook_errors:
-        _discard(graph)
+        _reset(graph)
+        _destroy(pristine)
         first = hook_errors[0]
         raise CaptureError(
             SkipReason(SkipCode.CAPTURE_FAILED, f"graph hook: {type(first).__name__}: {first}")
@@ -516,7 +630,8 @@ def capture_graph(
             why = f"output {aliases[0].position} views input {aliases[0].input_index}"
             raise CaptureError(SkipReason(SkipCode.PI_DIRECT_DECLINED, why))
     except CaptureError:
-        _discard(graph)
+        _reset(graph)
+        _destroy(pristine)
         raise
     static_ptrs: list[int | None] = [None] * len(args)
     for i in static_indices:
@@ -543,6 +658,9 @@ def capture_graph(
         else {},
         output_refs=output_refs(out_list, aliases, device),
         output_bytes=pool_output_bytes(out_list, aliases, device),
+        pristine=pristine,
+        static_spans=storage_spans(args, static_indices),
+        capture_spans={i: StorageSpan.of(p) for i, p in placeholders.items()},
     )
 
 
@@ -585,11 +703,30 @@ def _run_hooks(
             return
 
 
-def _discard(graph: Any) -> None:
+def _pristine_copy(graph: Any) -> int | None:
+    """A copy of the captured graph before any hook edits it; None where it cannot be made."""
+    if cuda_compat.driver() is None:
+        return None
+    try:
+        return cuda_compat.graph_clone(int(graph.raw_cuda_graph()))
+    except Exception:
+        logger.debug("grace: cloning the captured graph failed", exc_info=True)
+        return None
+
+
+def _destroy(pristine: int | None) -> None:
+    if pristine:
+        try:
+            cuda_compat.graph_destroy(pristine)
+        except Exception:
+            logger.debug("grace: destroying the pristine graph failed", exc_info=True)
+
+
+def _reset(graph: Any) -> None:
     try:
         graph.reset()
     except Exception:
-        logger.debug("grace: CUDAGraph.reset after a failed capture failed", exc_info=True)
+        logger.debug("grace: CUDAGraph.reset failed", exc_info=True)
 
 
 def summary_hook(sink: dict[str, Any]) -> GraphHook:

@@ -8,7 +8,8 @@ Design: ``graph_summary(handle)`` counts nodes by type; ``kernel_nodes(handle)``
 ``KernelNode`` per kernel node with the function name, grid, block, each parameter's (offset, size) from
 ``cuFuncGetParamInfo`` and its raw bytes, or the ``extra`` buffer's bytes. Memory reads go through
 ``read_kernel_params`` and ``read_extra_buffer``, which take plain host addresses so that they can be
-tested on host memory without a GPU.
+tested on host memory without a GPU. ``edit_kernel_node_arguments`` overwrites argument bytes of a node
+(grace.rebind moves the addresses of a graph's parameters with it).
 
 Invariants: a handle is only read while its graph exists (inside the capture on old torch, before
 ``reset`` on new torch); parameter bytes are copies (the node's memory is owned by the driver and may
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import ctypes
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from grace.compat import cuda as cuda_compat
 
@@ -161,3 +164,63 @@ def kernel_nodes(graph: int) -> list[KernelNode]:
             )
         )
     return result
+
+
+@dataclass(frozen=True)
+class ArgumentEdit:
+    """New bytes for a kernel node's arguments at ``byte_offset`` of the device-side argument layout,
+    inside parameter ``param_index`` (which starts at ``param_offset``; None: unknown, ``extra`` only)."""
+
+    param_index: int | None
+    param_offset: int
+    byte_offset: int
+    value: bytes
+
+
+def edit_kernel_node_arguments(node: int, edits: Sequence[ArgumentEdit]) -> None:
+    """Overwrite bytes of a kernel node's arguments; function, grid, block and shared memory stay.
+
+    A node launched with ``kernelParams`` is edited in its own argument array, as the driver hands it
+    out, and ``cuGraphKernelNodeSetParams`` copies it back (as grace.pi.driver does). A node launched
+    through ``extra`` gets a new argument buffer: a copy of its own with the edits.
+    """
+    drv = cuda_compat.driver()
+    if drv is None:
+        raise cuda_compat.CudaDriverError(f"cuda-bindings unavailable: {cuda_compat.import_error()}")
+    handle = drv.CUgraphNode(node)
+    params = cuda_compat.check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(handle))
+    array = int(params.kernelParams or 0)
+    keep: list[Any] = []
+    if array:
+        for edit in edits:
+            if edit.param_index is None:
+                raise cuda_compat.CudaDriverError("an edit of a kernelParams node needs its parameter")
+            slot = ctypes.c_void_p.from_address(array + edit.param_index * _POINTER_SIZE).value
+            if not slot:
+                raise cuda_compat.CudaDriverError(f"kernel node has no parameter {edit.param_index}")
+            ctypes.memmove(slot + edit.byte_offset - edit.param_offset, edit.value, len(edit.value))
+    else:
+        buffer = read_extra_buffer(int(params.extra or 0))
+        if buffer is None:
+            raise cuda_compat.CudaDriverError("kernel node has neither kernelParams nor an argument buffer")
+        data = bytearray(buffer)
+        for edit in edits:
+            end = edit.byte_offset + len(edit.value)
+            if edit.byte_offset < 0 or end > len(data):
+                raise cuda_compat.CudaDriverError(
+                    f"edit at byte {edit.byte_offset} is outside the {len(data)}-byte argument buffer"
+                )
+            data[edit.byte_offset : end] = edit.value
+        copy = ctypes.create_string_buffer(bytes(data), len(data))
+        size = ctypes.c_size_t(len(data))
+        extra_array = (ctypes.c_void_p * 5)(
+            cuda_compat.LAUNCH_PARAM_BUFFER_POINTER,
+            ctypes.addressof(copy),
+            cuda_compat.LAUNCH_PARAM_BUFFER_SIZE,
+            ctypes.addressof(size),
+            cuda_compat.LAUNCH_PARAM_END,
+        )
+        keep += [copy, size, extra_array]
+        params.extra = ctypes.addressof(extra_array)
+    cuda_compat.check("cuGraphKernelNodeSetParams", drv.cuGraphKernelNodeSetParams(handle, params))
+    del keep  # the driver has copied the arguments

@@ -111,14 +111,14 @@ no-graph run grace makes now starts without one. In the suites (results/h200-tor
 ``calls_peak_mem_bytes``: the calls after the compiling one), grace is within 10% of pt2cg on 21 of the
 22 standard workloads pt2cg runs (alexnet 33.4 MiB against 33.3, lcnet_050 49.1 against 49.0,
 seed_elementwise_1m 5.3 against 8.0, linear8_cpu_scalar 37.0 against 34.0, the largest ratio). What
-remains above pt2cg: mutating callables' outputs as large as their inputs (the reference runs after the
-capture), and the outputs every kept graph holds in its own pool for as long as it lives, which adds up
+remained above pt2cg: mutating callables' outputs as large as their inputs (the reference runs after the
+capture), and the outputs every kept graph holds in its own pool for as long as it lives, which added up
 over the graphs of a model split by graph breaks: DebertaForQuestionAnswering, 65.5 MiB against 46.3
-(66.2 in the re-run, h200-torch2.11-2026-11-29-k.jsonl), keeps 17 to 18 graphs (three of its pieces see
-their layer's parameters at other addresses in each of four layers and get a graph per layer, within
-``max_recaptures``). pt2cg's recordings share one pool and an
-output's memory serves a later recording once the caller has dropped it; closing this needs that output
-liveness tracking (a replay must never overwrite an output the caller still holds).
+(66.2 in the re-run, h200-torch2.11-2026-11-29-k.jsonl), kept 17 to 18 graphs (three of its pieces see
+their layer's parameters at other addresses in each of four layers and got a graph per layer). Such
+graphs are now rebound from one capture and share its pool and outputs where a layer's outputs are dead
+before the next layer (grace.rebind, Note: [Layers that hold each other's outputs]): 47.5 MiB against
+46.3.
 """
 
 from __future__ import annotations
@@ -133,6 +133,8 @@ from grace.capture import (
     CaptureContext,
     CapturedGraph,
     CaptureError,
+    GraphHook,
+    StorageSpan,
     capture_graph,
     dense_view,
     poison_placeholders,
@@ -363,6 +365,7 @@ def _capture_copies(slot: GraphSlot, args: Sequence[Any], mutated: list[int]) ->
             static_indices=plan.static_indices,
             mutated_indices=mutated,
             hooks=[summary_hook(sink)],
+            keep_pristine=_keeps_pristine(slot),
         )
     except CaptureError as exc:
         _decline(slot, exc.reason)
@@ -387,26 +390,8 @@ def _capture_pi(
     device = plan.device
     assert device is not None
     holder: dict[str, Any] = {}
-    prepare = plan.pi_prepare
-    assert prepare is not None
     sink: dict[str, Any] = {}
-
-    def pi_hook(handle: int, placeholders: Any) -> None:
-        ctx = CaptureContext(
-            graph_handle=handle,
-            placeholders=dict(placeholders),
-            dynamic_input_indices=plan.dynamic_indices,
-            compiled=runner.compiled,
-            output_codes=plan.output_codes,
-            device=device,
-            example_inputs=tuple(args),
-            pi_table_update=runner.options.pi_table_update,
-        )
-        try:
-            holder["result"] = prepare(ctx)
-        except Exception as exc:  # a PI failure must only cost PI
-            holder["result"] = SkipReason(SkipCode.PI_FAILED, f"prepare raised {type(exc).__name__}: {exc}")
-
+    pi_hook = _pi_hook(slot, args, holder)
     try:
         pi_graph = capture_graph(
             runner.compiled,
@@ -418,6 +403,7 @@ def _capture_pi(
             hooks=[summary_hook(sink), pi_hook] if borrow else [pi_hook],
             placeholders=shared,  # Note: [Deciding-call memory]
             borrow_inputs=borrow,
+            keep_pristine=_keeps_pristine(slot),
         )
     except CaptureError as exc:
         if borrow:
@@ -425,7 +411,51 @@ def _capture_pi(
         else:
             record.add_skip(SkipReason(SkipCode.PI_FAILED, f"capture for PI: {exc.reason}"))
         return None
-    result = holder.get("result")
+    if not _adopt_pi(slot, pi_graph, holder.get("result"), borrow):
+        return None
+    if borrow:
+        _record_summary(slot, sink)
+    return pi_graph
+
+
+def _pi_hook(
+    slot: GraphSlot, args: Sequence[Any], holder: dict[str, Any], spans: dict[int, StorageSpan] | None = None
+) -> GraphHook:
+    """A capture hook that prepares PI for the graph and leaves the plan (or a ``SkipReason``) in
+    ``holder["result"]``; ``spans``: where the graph reads its dynamic inputs, when not the placeholders."""
+    runner = slot.runner
+    plan = runner.plan
+    device = plan.device
+    assert device is not None
+    prepare = plan.pi_prepare
+    assert prepare is not None
+
+    def pi_hook(handle: int, placeholders: Any) -> None:
+        ctx = CaptureContext(
+            graph_handle=handle,
+            placeholders=dict(placeholders),
+            dynamic_input_indices=plan.dynamic_indices,
+            compiled=runner.compiled,
+            output_codes=plan.output_codes,
+            device=device,
+            example_inputs=tuple(args),
+            pi_table_update=runner.options.pi_table_update,
+            placeholder_spans=spans,
+        )
+        try:
+            holder["result"] = prepare(ctx)
+        except Exception as exc:  # a PI failure must only cost PI
+            holder["result"] = SkipReason(SkipCode.PI_FAILED, f"prepare raised {type(exc).__name__}: {exc}")
+
+    return pi_hook
+
+
+def _adopt_pi(slot: GraphSlot, pi_graph: CapturedGraph, result: Any, borrow: bool) -> bool:
+    """Give ``pi_graph`` the plan its hook prepared and ready its first launch; False (the graph
+    released, the reason recorded) when PI cannot serve it, or a graph read on the caller's inputs
+    would keep a copy of one."""
+    record = slot.record
+    device = pi_graph.device
     if result is None or isinstance(result, SkipReason):
         reason = (
             result
@@ -437,7 +467,7 @@ def _capture_pi(
         record.add_skip(reason)
         log_once(reason, f"graph {record.graph_id} (PI)")
         pi_graph.release()
-        return None
+        return False
     uncovered = tuple(getattr(result, "uncovered_indices", ()))
     if borrow and uncovered:
         # Such an input is read at its capture address: the caller's tensor, which must never be
@@ -450,7 +480,7 @@ def _capture_pi(
         )
         pi_graph.pi_plan = result
         pi_graph.release()  # with its plan (the table, a fill node's module)
-        return None
+        return False
     pi_graph.pi_plan = result
     prepare_launch = getattr(result, "prepare_launch", None)
     if callable(prepare_launch):
@@ -463,12 +493,49 @@ def _capture_pi(
                 SkipReason(SkipCode.PI_FAILED, f"preparing the first launch: {type(exc).__name__}: {exc}")
             )
             pi_graph.release()
-            return None
-    if borrow:
-        _record_summary(slot, sink)
+            return False
     record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
     record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
-    return pi_graph
+    return True
+
+
+def _keeps_pristine(slot: GraphSlot) -> bool:
+    """Whether captures of this slot keep a copy of their graph for grace.rebind."""
+    runner = slot.runner
+    return runner.options.rebind and bool(runner.plan.static_indices) and not runner.plan.random_ops
+
+
+def rebind_graph(slot: GraphSlot, args: Sequence[Any]) -> CapturedGraph | None:
+    """The slot's graph made to read its static inputs where ``args`` has them (grace.rebind), with the
+    same variant; None, with the reason recorded, when it cannot (the runner then captures again)."""
+    from grace.rebind import rebind
+
+    current = slot.graph
+    assert current is not None
+    origin = current.origin or current
+    variant = slot.record.variant
+    if origin.outputs_read_by(args, slot.runner.plan.dynamic_indices):
+        # Note: [Layers that hold each other's outputs] (grace.rebind)
+        slot.rebind_blocked = True
+        _decline(
+            slot,
+            SkipReason(
+                SkipCode.REBIND_DECLINED,
+                "an output of the graph is an input of the call that moved the parameters (one layer's "
+                "result feeds the next): graphs sharing outputs would overwrite it",
+            ),
+        )
+        return None
+    holder: dict[str, Any] = {}
+    hooks = [_pi_hook(slot, args, holder, dict(origin.capture_spans))] if variant == Variant.GRAPH_PI else []
+    try:
+        graph = rebind(origin, args, hooks, slot.runner.plan.random_ops)
+    except CaptureError as exc:
+        _decline(slot, exc.reason)
+        return None
+    if variant == Variant.GRAPH_PI and not _adopt_pi(slot, graph, holder.get("result"), graph.borrowed):
+        return None
+    return graph
 
 
 def _decline(slot: GraphSlot, reason: SkipReason) -> None:

@@ -76,10 +76,16 @@ class GraceOptions:
             steady call. For a callable that mutates inputs, the copies its checks keep of them
             (before a run, to restore them; after the reference run, to compare) and of the outputs
             go to host memory from this size on. 0 turns both off.
-        max_recaptures: times a graph is re-captured because a static input (parameter, buffer)
-            moved to a new address before giving up on graphs for that signature. The graphs of
-            earlier addresses are kept and used again when those addresses come back (one callable
+        max_recaptures: times a graph follows its static inputs (parameters, buffers) to new
+            addresses, rebound or re-captured, before giving up on graphs for that signature. The graphs
+            of earlier addresses are kept and used again when those addresses come back (one callable
             serving several layers), so this also bounds the graphs one signature holds (1 + this).
+        rebind: when the static inputs move, make the new graph by editing their addresses in a copy
+            of the captured one (grace.rebind) instead of capturing again: every graph of the signature
+            then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
+            theirs, and no deciding call is made. Where the graph cannot follow the move (see
+            grace.rebind for when), it is captured again and the skip reason ``rebind_declined`` says
+            why. Needs a torch that keeps captured graphs (2.8+) and cuda-bindings.
     """
 
     cuda_graphs: bool = True
@@ -98,6 +104,7 @@ class GraceOptions:
     check_numerics: bool = True
     host_reference_bytes: int = 4 << 20
     max_recaptures: int = 3
+    rebind: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -109,6 +116,7 @@ class GraceOptions:
             "persist_decisions",
             "clone_outputs",
             "check_numerics",
+            "rebind",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")

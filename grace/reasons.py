@@ -45,6 +45,7 @@ class SkipCode(str, enum.Enum):
     NUMERIC_MISMATCH = "numeric_mismatch"
     STATIC_INPUT_MOVED = "static_input_moved"
     TOO_MANY_RECAPTURES = "too_many_recaptures"
+    REBIND_DECLINED = "rebind_declined"  # the graph could not follow moved static inputs: re-captured
     OUTPUTS_HELD = "outputs_held"  # a replay within one compiled call would overwrite held outputs
     # selective CUDA graphs
     SCG_SLOWER = "scg_slower"

@@ -19,12 +19,16 @@ dynamic inputs sit at new addresses are compared with the no-graph callable once
 returns the no-graph output and falls back with ``numeric_mismatch``.
 
 Static inputs that move: when a replay finds the static inputs (parameters, buffers) at other
-addresses, the slot keeps its graph aside and re-captures for the new addresses; when a later call
-brings back a set of addresses a kept graph was captured for, that graph is used again without a
-capture. This serves one compiled callable shared by several modules of one class (a layer body that
-Dynamo compiled once after a graph break, called for every layer with that layer's parameters), as
-cudagraph trees re-record. Captures are bounded by ``max_recaptures``; past it the slot runs without a
-graph and every graph it kept is released.
+addresses, the slot keeps its graph aside and makes one for the new addresses: rebound from a copy of
+the captured graph (grace.rebind: same variant, same pool and outputs, no deciding call; its first
+replays are verified), or, where that is declined, captured again; when a later call brings back a set
+of addresses a kept graph was made for, that graph is used again. This serves one compiled callable
+shared by several modules of one class (a layer body that Dynamo compiled once after a graph break,
+called for every layer with that layer's parameters), as cudagraph trees re-record. A rebound graph
+that finds outputs another layer's graph wrote still held is replaced by a capture of its own (Note:
+[Layers that hold each other's outputs] in grace.rebind). Graphs made for moved static inputs are
+bounded by ``max_recaptures``; past it the slot runs without a graph and every graph it kept is
+released.
 
 Invariants:
 - a slot's graph is used only for inputs with its signature and while its static inputs have the
@@ -47,7 +51,7 @@ from typing import Any
 import torch
 
 from grace import stats as grace_stats
-from grace.capture import CaptureContext, CapturedGraph, run_on_side_stream
+from grace.capture import HELD, CaptureContext, CapturedGraph, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.picking import Picker, picker
@@ -74,6 +78,7 @@ class RunnerPlan:
     input_adapter: Callable[[list[Any]], list[Any]] | None = None
     pi_prepare: PIPrepare | None = None
     pi_unavailable: SkipReason | None = None
+    random_ops: tuple[str, ...] = ()  # operators that draw random numbers (grace.rebind declines them)
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,9 @@ class GraphSlot:
         self.verify_ptrs: list[int | None] | None = None
         # Graphs captured for other static-input addresses (oldest first), bounded by max_recaptures.
         self.kept: list[_KeptGraph] = []
+        # grace.rebind: no more graphs sharing outputs for this slot (Note: [Layers that hold each
+        # other's outputs]).
+        self.rebind_blocked = False
         # The runner's check that a call has this slot's signature (built on the slot's first call;
         # stays None where this torch has no C++ tensor check).
         self.recent: _RecentSlot | None = None
@@ -157,9 +165,12 @@ class GraphSlot:
             return self._static_moved(args)
         if not self.runner.options.clone_outputs:
             generation = torch_compat.compiled_call_generation()
-            if graph.would_overwrite_held_outputs(generation):
+            held = graph.held_outputs(generation)
+            if held:
+                if graph.shares_outputs and self._held_by_family(graph, args, held):
+                    return self._leave_family(args)
                 return self._run_outputs_held(args)
-            graph.last_generation = generation
+            graph.note_replay(generation)
         if self.verify_calls or self.verify_ptrs is not None:
             when = self._verification_due(args)
             if when:
@@ -170,6 +181,35 @@ class GraphSlot:
             return replay(args, self.runner.options.clone_outputs)
         except Exception as exc:
             return self._replay_failed(args, exc)
+
+    def _held_by_family(self, graph: CapturedGraph, args: Sequence[Any], held: str) -> bool:
+        """Whether outputs that another graph of ``graph``'s family wrote in this call are surely still
+        held: counted, or read by this very call (Note: [Layers that hold each other's outputs])."""
+        if not graph.last_replayed_by_another():
+            return False
+        return held == HELD or graph.outputs_read_by(args, self.runner.plan.dynamic_indices)
+
+    def _leave_family(self, args: Sequence[Any]) -> Any:
+        """Replace the slot's graph, which shares its outputs with graphs rebound from the same capture,
+        by a capture of its own (Note: [Layers that hold each other's outputs] in grace.rebind)."""
+        graph = self.graph
+        assert graph is not None
+        record = self.record
+        self.rebind_blocked = True
+        reason = SkipReason(
+            SkipCode.REBIND_DECLINED,
+            "outputs another layer's graph wrote were still held when this layer's graph replayed: "
+            "captured with outputs of its own",
+        )
+        record.add_skip(reason)
+        log_once(reason, f"graph {record.graph_id} ({self.signature_text})")
+        if graph.origin is not None:  # a rebound graph becomes a captured one: the count of graphs stays
+            record.rebinds -= 1
+        record.recaptures += 1
+        self.graph = None
+        graph.release()
+        self.note_graphs()
+        return self._decide(args)
 
     def _run_outputs_held(self, args: Sequence[Any]) -> Any:
         """This call without the graph: a replay would overwrite outputs of the graph's previous replay
@@ -323,16 +363,26 @@ class GraphSlot:
             self.graph, self.run = kept.graph, kept.run
             self.verify_calls, self.verify_ptrs = kept.verify_calls, kept.verify_ptrs
             return self.run(args)
-        self.record.recaptures += 1
-        if self.record.recaptures > self.runner.options.max_recaptures:
+        record = self.record
+        moves = record.recaptures + record.rebinds + 1
+        if moves > self.runner.options.max_recaptures:
             self.set_no_graph(
                 SkipReason(
                     SkipCode.TOO_MANY_RECAPTURES,
-                    f"static inputs (parameters/buffers) moved {self.record.recaptures} times",
+                    f"static inputs (parameters/buffers) moved {moves} times",
                 )
             )
             return self._run_no_graph(args)
-        self.record.add_skip(
+        rebound = self._rebind(args)
+        if rebound is not None:  # same variant, same pool and outputs: no capture, no decision
+            self._keep_current()
+            self.graph = rebound
+            record.rebinds += 1
+            self.note_graphs()
+            self.arm_verification(args)
+            return self.run(args)
+        record.recaptures += 1
+        record.add_skip(
             SkipReason(
                 SkipCode.STATIC_INPUT_MOVED,
                 f"re-captured after a parameter moved ({self._moved_static_text(args)})",
@@ -340,6 +390,14 @@ class GraphSlot:
         )
         self._keep_current()
         return self._decide(args)
+
+    def _rebind(self, args: Sequence[Any]) -> CapturedGraph | None:
+        if not self.runner.options.rebind or self.graph is None or self.rebind_blocked:
+            return None
+        from grace.decide import rebind_graph
+
+        with self.runner.lock:
+            return rebind_graph(self, args)
 
     def _moved_static_text(self, args: Sequence[Any]) -> str:
         graph = self.graph

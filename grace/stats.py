@@ -51,6 +51,7 @@ class GraphStats:
     graphs_held: int = 0  # graphs the slot keeps (one per static-input address set)
     output_bytes_held: int = 0  # bytes of their outputs in their pools, allocated while they live
     recaptures: int = 0
+    rebinds: int = 0  # graphs made for moved static inputs by editing a copy (grace.rebind)
     released: bool = False
 
     def add_skip(self, reason: SkipReason) -> None:
@@ -92,6 +93,7 @@ class GraphStats:
             "graphs_held": self.graphs_held,
             "output_bytes_held": self.output_bytes_held,
             "recaptures": self.recaptures,
+            "rebinds": self.rebinds,
             "decision": self.decision.to_dict() if self.decision is not None else None,
             "skip_reasons": [r.to_dict() for r in self.skip_reasons],
             "released": self.released,
@@ -134,7 +136,8 @@ def snapshot() -> list[dict[str, Any]]:
     kernel_launches_per_call (launches outside graphs in a steady call), copy_bytes_per_replay,
     pi_bytes_per_replay, pi_stages, copy_fallback_calls, held_output_calls (calls run without the graph
     because a replay would have overwritten outputs held within one compiled call), graphs_held and
-    output_bytes_held (the slot's live graphs and the bytes of their outputs), recaptures, decision
+    output_bytes_held (the slot's live graphs and the bytes of their outputs), recaptures and rebinds
+    (graphs captured, and graphs edited from a copy, for static inputs at new addresses), decision
     (variant, source, medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
     """
     with _lock:

@@ -343,8 +343,9 @@ def test_parameter_moved_recaptures(tmp_path: Path) -> None:
         torch.testing.assert_close(compiled(x), model(x), **TOL)
         torch.testing.assert_close(compiled(x), model(x), **TOL)
     snapshot = stats.snapshot()
-    # either Dynamo recompiled (a second record) or grace noticed the move and re-captured
-    assert len(snapshot) > 1 or any(r["recaptures"] >= 1 for r in snapshot), snapshot
+    # either Dynamo recompiled (a second record) or grace noticed the move and followed it (grace.rebind
+    # edits a copy of the graph, or a capture)
+    assert len(snapshot) > 1 or any(r["recaptures"] + r["rebinds"] >= 1 for r in snapshot), snapshot
 
 
 def test_reset_releases_graph_memory(tmp_path: Path) -> None:

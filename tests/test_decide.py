@@ -121,6 +121,7 @@ class Setup:
         hooks: Sequence[Any] = (),
         placeholders: Mapping[int, torch.Tensor] | None = None,
         borrow_inputs: bool = False,
+        keep_pristine: bool = False,
     ) -> CapturedGraph:
         if borrow_inputs:
             held = {i: args[i] for i in dynamic_indices}

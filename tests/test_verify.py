@@ -53,8 +53,11 @@ class FakeGraph:
         self.replays = 0
         self.released = False
 
-    def would_overwrite_held_outputs(self, generation: int) -> bool:
-        return False  # Note: [Outputs held within one call] is tested on a real CapturedGraph
+    def held_outputs(self, generation: int) -> str:
+        return ""  # Note: [Outputs held within one call] is tested on a real CapturedGraph
+
+    def note_replay(self, generation: int) -> None:
+        pass
 
     def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
         return True

@@ -206,6 +206,18 @@ def param_info(func: int, index: int) -> tuple[int, int] | None:
     return int(result[1]), int(result[2])
 
 
+def graph_clone(graph: int) -> int:
+    """``cuGraphClone``: a new graph with copies of ``graph``'s nodes, edges and parameters (the caller
+    destroys it with ``graph_destroy``)."""
+    drv = _require()
+    return int(check("cuGraphClone", drv.cuGraphClone(drv.CUgraph(graph))))
+
+
+def graph_destroy(graph: int) -> None:
+    drv = _require()
+    check("cuGraphDestroy", drv.cuGraphDestroy(drv.CUgraph(graph)))
+
+
 def set_kernel_node_function(node: int, func: int) -> None:
     """Swap the function a kernel node launches, keeping grid, block and parameters."""
     drv = _require()

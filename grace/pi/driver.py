@@ -194,7 +194,7 @@ def graph_destroy(graph: int, graph_exec: int | None = None) -> None:
     drv = _drv()
     if graph_exec:
         check("cuGraphExecDestroy", drv.cuGraphExecDestroy(drv.CUgraphExec(graph_exec)))
-    check("cuGraphDestroy", drv.cuGraphDestroy(drv.CUgraph(graph)))
+    _cuda().graph_destroy(graph)
 
 
 def graph_nodes(graph: int) -> list[int]:

@@ -276,20 +276,49 @@ class _CallPlan:
         return [(addresses[k] if k >= 0 else 0) + addend for k, addend in self.sources]
 
 
-def _input_ranges(placeholders: dict[int, Any]) -> list[InputRange]:
-    ranges = []
-    for index, t in placeholders.items():
+def _input_ranges(ctx: Any) -> dict[int, InputRange]:
+    """Where the graph of ``ctx`` reads each dynamic input: ``ctx.placeholder_spans`` when given (a graph
+    rebound by grace.rebind reads its origin's capture addresses), else the placeholders' storages."""
+    spans = getattr(ctx, "placeholder_spans", None)
+    if spans is not None:
+        found = {i: spans[i] for i in ctx.dynamic_input_indices if i in spans}
+        return {i: InputRange(i, s.data_ptr, s.start, s.end) for i, s in found.items()}
+    ranges = {}
+    for index in ctx.dynamic_input_indices:
+        t = ctx.placeholders.get(index)
+        if t is None:
+            continue
         storage = t.untyped_storage()
         start = int(storage.data_ptr())
-        ranges.append(InputRange(index, int(t.data_ptr()), start, start + int(storage.nbytes())))
+        ranges[index] = InputRange(index, int(t.data_ptr()), start, start + int(storage.nbytes()))
     return ranges
+
+
+def graph_nodes_for_scan(graph: int) -> tuple[list[Any], list[scan_mod.CopyNode], dict[int, str]]:
+    """The nodes of ``graph`` as ``scan_mod.scan`` reads them: kernel nodes (``grace.cudagraph``), memcpy
+    and memset nodes with the ranges they touch, and the type of every other node."""
+    from grace import cudagraph
+    from grace.compat import cuda as cuda_compat
+    from grace.pi import driver
+
+    knodes = cudagraph.kernel_nodes(graph)
+    kernel_ids = {k.node for k in knodes}
+    copies, others = [], {}
+    for node in cuda_compat.graph_nodes(graph):
+        if node in kernel_ids:
+            continue
+        kind = driver.node_type(node)
+        if kind in ("memcpy", "memset"):
+            copies.append(scan_mod.CopyNode(node, driver.copy_node_ranges(node, kind)))
+        else:
+            others[node] = kind
+    return knodes, copies, others
 
 
 def prepare(ctx: Any) -> Any:
     """The PI seam: a ``PiPlan`` for the graph of ``ctx``, or a ``SkipReason``."""
     import torch
 
-    from grace import cudagraph
     from grace.compat import cuda as cuda_compat
     from grace.compat import torch as torch_compat
     from grace.pi import driver
@@ -303,7 +332,7 @@ def prepare(ctx: Any) -> Any:
         return SkipReason(
             SkipCode.PI_UNAVAILABLE, "cuFuncGetParamInfo needs a CUDA 12.4+ driver and bindings"
         )
-    placeholders = {i: ctx.placeholders[i] for i in ctx.dynamic_input_indices if i in ctx.placeholders}
+    placeholders = _input_ranges(ctx)
     if not placeholders:
         return SkipReason(SkipCode.PI_NO_DYNAMIC_INPUTS, "no placeholder was captured")
     capturing = torch_compat.is_current_stream_capturing()
@@ -314,18 +343,8 @@ def prepare(ctx: Any) -> Any:
     capability = 10 * major + minor
 
     # Scan every node for uses of the placeholders.
-    ranges = _input_ranges(placeholders)
-    knodes = cudagraph.kernel_nodes(ctx.graph_handle)
-    kernel_ids = {k.node for k in knodes}
-    copies, others = [], {}
-    for node in cuda_compat.graph_nodes(ctx.graph_handle):
-        if node in kernel_ids:
-            continue
-        kind = driver.node_type(node)
-        if kind in ("memcpy", "memset"):
-            copies.append(scan_mod.CopyNode(node, driver.copy_node_ranges(node, kind)))
-        else:
-            others[node] = kind
+    ranges = list(placeholders.values())
+    knodes, copies, others = graph_nodes_for_scan(ctx.graph_handle)
     parameterless = [k.node for k in knodes if not k.params and k.extra is None]
     found = scan_mod.scan(knodes, copies, others, ranges, parameterless)
     if found.everything_unaccountable:
@@ -470,7 +489,7 @@ def prepare(ctx: Any) -> Any:
         detail = "; ".join(f"input {i}: {why}" for i, why in sorted(uncovered.items()))
         return SkipReason(SkipCode.PI_FAILED, f"no dynamic input can be served by PI: {detail}")
     slots = [Slot(i, d, alignment[(i, d)]) for (i, d), _ in sorted(slot_of.items(), key=lambda kv: kv[1])]
-    placeholder_ptrs = {i: int(t.data_ptr()) for i, t in placeholders.items()}
+    placeholder_ptrs = {i: r.data_ptr for i, r in placeholders.items()}
 
     # The table's writer: the copy table itself, or a fill node ahead of every root (vendor prelude too).
     from grace.pi import fill

@@ -60,14 +60,25 @@ GRACE_VARIANTS: dict[str, dict[str, Any]] = {
     "grace-scg-off": {"scg": False},
     "grace-pi-off": {"pi": False},
     "grace-no-check": {"check_numerics": False},
+    "grace-rebind-off": {"rebind": False},
 }
 CALLS = 5
 MIB = 1 << 20
 
 
-def graphs() -> list[tuple[Any, ...]]:
+GRAPH_FIELDS = (
+    "graph_hash", "signature", "variant", "calls", "held_output_calls", "graphs_held", "output_bytes_held",
+    "rebinds", "recaptures",
+)  # fmt: skip
+
+
+def graphs() -> list[dict[str, Any]]:
+    """grace's slots: variant, calls, graphs and output bytes held, rebinds and re-captures."""
     return [
-        (r.get("graph_hash"), r.get("signature"), r.get("variant"), r.get("calls"))
+        {
+            **{k: r.get(k) for k in GRAPH_FIELDS},
+            "skips": [(s["code"], s["detail"][:200]) for s in r.get("skip_reasons", [])],
+        }
         for r in grace.stats.snapshot()
         if r.get("graph_hash")
     ]
