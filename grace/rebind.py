@@ -48,7 +48,7 @@ its own; either stops rebinds for that slot. Measured on the H200 in the suites'
 (DebertaForQuestionAnswering, four layers, results/h200-torch2.11-2026-11-29-l.jsonl): the
 attention-scores piece keeps four graphs over one set of outputs, 5.6 MiB (22.5 MiB captured per layer),
 and so does the next piece (384 KiB, 1.5 MiB before); the piece that carries the hidden state to the next
-layer finds it held and gets a capture per layer (1.2 MiB); the peak of the calls after the compiling
+layer finds it held and gets a capture per layer (1.1 MiB); the peak of the calls after the compiling
 one is 47.5 MiB against pt2cg's 46.3 (66.2 with a capture per layer).
 """
 

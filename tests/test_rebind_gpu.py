@@ -20,6 +20,7 @@ from grace.capture import capture_graph, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.rebind import rebind
+from suites.harness import memory_window_base
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_grace")]
 
@@ -118,3 +119,27 @@ def test_layers_share_one_pool_and_equal_eager(pi: bool, tmp_path: Path) -> None
     (second,) = [r for r in graphs if not r["rebinds"]]
     assert second["recaptures"] == 3 and second["output_bytes_held"] == 4 * 128 * 512 * 4, second
     assert "rebind_declined" in {s["code"] for s in second["skip_reasons"]}, second
+
+
+def test_reset_releases_every_graph_of_a_family_and_its_pool(tmp_path: Path) -> None:
+    """The pool of a captured graph lives until the last graph rebound from it is released: grace.reset()
+    releases them all, and the memory goes back to what it was before the first call."""
+    import grace
+
+    torch.manual_seed(0)
+    model = Layered().cuda().eval()
+    x = torch.randn(128, 512, device="cuda")
+    before = memory_window_base(x.device)  # garbage of earlier tests collected, no cuBLAS workspace
+    compiled = torch.compile(model, backend=GraceBackend(GraceOptions(cache_dir=str(tmp_path), scg=False)))
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+    torch.cuda.synchronize()
+    assert any(r["rebinds"] for r in stats.snapshot())
+    held = torch.cuda.memory_allocated()
+    grace.reset()
+    after = memory_window_base(x.device)
+    _save("rebind_reset", {"before": before, "held": held, "after_reset": after})
+    assert after <= before < held
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **TOL)  # starts over after a reset
