@@ -31,7 +31,9 @@ Invariants:
   reference to them: it has no placeholders until a call needs one (``CapturedGraph.own_placeholders``),
   and nothing is ever copied into an input of the capturing call;
 - the pool of a captured graph lives until the last graph of its family is released
-  (``CapturedGraph.release``), whichever that is; the pristine copy is destroyed with it.
+  (``CapturedGraph.release``), whichever that is; the pristine copy is destroyed with it. The graphs of
+  a family reuse the pool's intermediates: their replays are ordered on the stream of the family's last
+  replay (``CapturedGraph.replay``), never concurrent.
 
 Note: [cuBLAS workspaces]
 cuBLAS keeps a workspace per (handle, stream) (about 32 MiB on the H200), allocated on a stream's first
@@ -273,6 +275,7 @@ class CapturedGraph:
     last_generation: int | None = None
     aliases_since: int | None = None
     last_writer: int | None = None  # id() of the graph whose replay wrote the outputs last
+    last_stream: Any = None  # the stream of the family's last replay (CapturedGraph.replay)
     # grace.rebind: the captured graph before any hook edited it (a cuGraph_t this object destroys), the
     # spans of the static inputs and of what the capture read for each dynamic input (placeholders or,
     # borrowed, the caller's inputs); a graph rebound from another has that one as ``origin`` and shares
@@ -307,6 +310,15 @@ class CapturedGraph:
         torch_compat.foreach_copy(dsts, srcs)
 
     def replay(self) -> None:
+        """One replay on the current stream. Graphs of one family share their pool's intermediates: a
+        replay on another stream than the family's last one waits for that stream first."""
+        if self.shares_outputs:
+            owner = self.outputs_owner
+            stream = torch.cuda.current_stream(self.device)
+            last = owner.last_stream
+            if last is not None and last != stream:
+                stream.wait_stream(last)
+            owner.last_stream = stream
         self.graph.replay()
 
     @property
@@ -388,7 +400,7 @@ class CapturedGraph:
     def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
         """Graph with input copies: what PyTorch2-CG does on each call."""
         self.copy_in(args, self.copy_indices)
-        self.graph.replay()
+        self.replay()
         self.copy_back(args, self.mutated_indices)
         return self.collect_outputs(args, clone)
 
@@ -403,7 +415,7 @@ class CapturedGraph:
             rebase(self.own_placeholders())
             copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         self.copy_in(args, copied)
-        self.graph.replay()
+        self.replay()
         if self.mutated_indices:
             self.copy_back(args, [i for i in self.mutated_indices if i in copied])
         return self.collect_outputs(args, clone)

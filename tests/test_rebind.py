@@ -163,6 +163,33 @@ def test_the_pool_is_released_with_the_last_graph_of_the_family(origin_first: bo
     assert origin.sharers == 0 and first.origin is None
 
 
+def test_replays_of_a_family_on_another_stream_wait_for_the_last_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graphs of a family reuse one pool's intermediates: never two replays at once on two streams."""
+    log: list[str] = []
+
+    class _Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: _Stream) -> None:
+            log.append(f"{self.name} waits for {other.name}")
+
+    streams = {"now": _Stream("s1")}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
+    origin = _captured(log, [torch.zeros(4)])
+    other = _rebound(origin, log, "a")
+    origin.replay()
+    other.replay()  # the same stream: in order already
+    streams["now"] = _Stream("s2")
+    other.replay()
+    origin.replay()
+    assert log == ["replay origin", "replay a", "s2 waits for s1", "replay a", "replay origin"]
+    lone = _captured(log, [torch.zeros(4)])
+    streams["now"] = _Stream("s3")
+    lone.replay()  # a graph alone in its pool is not ordered by grace
+    assert log[-1] == "replay origin" and len(log) == 6 and lone.last_stream is None
+
+
 def test_graphs_sharing_outputs_are_one_graph_for_outputs_held_within_a_call() -> None:
     """Note: [Outputs held within one call]: layer 2's graph writes the outputs layer 1's graph handed out."""
     log: list[str] = []
@@ -238,6 +265,7 @@ def layered_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Layered]:
     monkeypatch.setattr(grace.decide, "decide", capturing_decide)
     monkeypatch.setattr(grace.decide, "rebind_graph", rebind_graph)
     monkeypatch.setattr(grace.runner, "run_on_side_stream", lambda fn, args, device: fn(*args))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the one stream")
     monkeypatch.setattr(
         grace.runner.torch_compat,
         "compiled_call_generation",

@@ -63,6 +63,15 @@ def test_a_rebound_graph_reads_the_static_inputs_at_their_new_addresses() -> Non
         )
         # one pool and one set of outputs for both
         assert other.outputs[0].data_ptr() == graph.outputs[0].data_ptr()
+        side = torch.cuda.Stream()  # a replay on another stream waits for the family's last one
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = other.run_with_copies((w2, b2, x), clone=True)
+        assert graph.last_stream == side
+        torch.cuda.current_stream().wait_stream(side)
+        torch.testing.assert_close(got, _affine(w2, b2, x), **TOL)
+        torch.testing.assert_close(graph.run_with_copies((w, b, x), clone=True), _affine(w, b, x), **TOL)
+        assert graph.last_stream == torch.cuda.current_stream()
     finally:
         graph.release()
         other.release()
