@@ -76,10 +76,14 @@ class GraceOptions:
             steady call. For a callable that mutates inputs, the copies its checks keep of them
             (before a run, to restore them; after the reference run, to compare) and of the outputs
             go to host memory from this size on. 0 turns both off.
-        max_recaptures: times a graph follows its static inputs (parameters, buffers) to new
-            addresses, rebound or re-captured, before giving up on graphs for that signature. The graphs
-            of earlier addresses are kept and used again when those addresses come back (one callable
-            serving several layers), so this also bounds the graphs one signature holds (1 + this).
+        max_recaptures: times a graph is captured again because its static inputs (parameters,
+            buffers) moved to new addresses and it could not be rebound, before giving up on graphs for
+            that signature. The graphs of earlier addresses are kept and used again when those addresses
+            come back (one callable serving several layers).
+        max_rebinds: graphs of one signature made by rebinding (option ``rebind``) for other addresses
+            of the static inputs; past it, moves are captured (within ``max_recaptures``). A rebound
+            graph has no memory pool of its own (its executable graph and, with PI, a pointer table), so
+            this bound is larger. A signature holds at most 1 + max_recaptures + max_rebinds graphs.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -105,6 +109,7 @@ class GraceOptions:
     host_reference_bytes: int = 4 << 20
     max_recaptures: int = 3
     rebind: bool = True
+    max_rebinds: int = 64
 
     def __post_init__(self) -> None:
         for name in (
@@ -126,6 +131,7 @@ class GraceOptions:
             "max_graphs_per_callable": 1,
             "warmup_calls": 0,
             "max_recaptures": 0,
+            "max_rebinds": 0,
             "host_reference_bytes": 0,
         }
         for name, low in minimums.items():

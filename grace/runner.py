@@ -26,9 +26,9 @@ of addresses a kept graph was made for, that graph is used again. This serves on
 shared by several modules of one class (a layer body that Dynamo compiled once after a graph break,
 called for every layer with that layer's parameters), as cudagraph trees re-record. A rebound graph
 that finds outputs another layer's graph wrote still held is replaced by a capture of its own (Note:
-[Layers that hold each other's outputs] in grace.rebind). Graphs made for moved static inputs are
-bounded by ``max_recaptures``; past it the slot runs without a graph and every graph it kept is
-released.
+[Layers that hold each other's outputs] in grace.rebind). Captures for moved static inputs are bounded
+by ``max_recaptures`` and rebound graphs by ``max_rebinds``; a move past both bounds leaves the slot
+without a graph, and every graph it kept is released.
 
 Invariants:
 - a slot's graph is used only for inputs with its signature and while its static inputs have the
@@ -364,16 +364,8 @@ class GraphSlot:
             self.verify_calls, self.verify_ptrs = kept.verify_calls, kept.verify_ptrs
             return self.run(args)
         record = self.record
-        moves = record.recaptures + record.rebinds + 1
-        if moves > self.runner.options.max_recaptures:
-            self.set_no_graph(
-                SkipReason(
-                    SkipCode.TOO_MANY_RECAPTURES,
-                    f"static inputs (parameters/buffers) moved {moves} times",
-                )
-            )
-            return self._run_no_graph(args)
-        rebound = self._rebind(args)
+        options = self.runner.options
+        rebound = self._rebind(args) if record.rebinds < options.max_rebinds else None
         if rebound is not None:  # same variant, same pool and outputs: no capture, no decision
             self._keep_current()
             self.graph = rebound
@@ -381,6 +373,15 @@ class GraphSlot:
             self.note_graphs()
             self.arm_verification(args)
             return self.run(args)
+        if record.recaptures + 1 > options.max_recaptures:
+            self.set_no_graph(
+                SkipReason(
+                    SkipCode.TOO_MANY_RECAPTURES,
+                    f"static inputs (parameters/buffers) moved {record.recaptures + 1} times where no "
+                    f"graph could be rebound ({record.rebinds} rebound)",
+                )
+            )
+            return self._run_no_graph(args)
         record.recaptures += 1
         record.add_skip(
             SkipReason(

@@ -298,23 +298,29 @@ def test_moved_parameters_are_followed_by_rebinding_without_a_capture(
     assert "static_input_moved" not in {s["code"] for s in record["skip_reasons"]}
 
 
-def test_a_declined_rebind_captures_again_and_both_count_toward_max_recaptures(
-    layered_runner: Layered,
-) -> None:
+def test_rebinds_and_captures_have_their_own_bounds(layered_runner: Layered) -> None:
+    """A declined rebind captures again; rebinds stop at ``max_rebinds`` (moves are then captured) and
+    captures at ``max_recaptures`` (the slot then runs without a graph)."""
     runner, log, allow, _ = layered_runner
-    layers = [torch.full((), float(k + 1)) for k in range(5)]
+    runner.options = runner.options.replace(max_rebinds=2, max_recaptures=2)
+    layers = [torch.full((), float(k + 1)) for k in range(7)]
     x = torch.ones(2, 3)
     runner(layers[0], x, 2)
-    runner(layers[0], x, 2)
+    runner(layers[0], x, 2)  # captured
     runner(layers[1], x, 2)  # rebound
     allow[0] = False
     runner(layers[2], x, 2)  # declined: captured
-    runner(layers[3], x, 2)  # captured: the third move
-    assert log.count("rebind") == 1 and log.count("capture") == 3
+    allow[0] = True
+    runner(layers[3], x, 2)  # rebound: the second, the last max_rebinds allows
+    runner(layers[4], x, 2)  # captured: the second, the last max_recaptures allows
+    assert log.count("rebind") == 2 and log.count("capture") == 3
+    for k in range(5):  # every layer comes back to its own graph
+        (out,) = runner(layers[k], x, 2)
+        torch.testing.assert_close(out, x * layers[k] * 2)
     (record,) = stats.snapshot()
-    assert (record["rebinds"], record["recaptures"]) == (1, 2)
-    (out,) = runner(layers[4], x, 2)  # a fourth move is past max_recaptures (3)
-    torch.testing.assert_close(out, x * layers[4] * 2)
+    assert (record["rebinds"], record["recaptures"], record["graphs_held"]) == (2, 2, 5)
+    (out,) = runner(layers[5], x, 2)  # past both bounds
+    torch.testing.assert_close(out, x * layers[5] * 2)
     (record,) = stats.snapshot()
     assert record["variant"] == "no_graph" and record["graphs_held"] == 0
     assert "too_many_recaptures" in {s["code"] for s in record["skip_reasons"]}
