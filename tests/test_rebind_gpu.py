@@ -152,3 +152,21 @@ def test_reset_releases_every_graph_of_a_family_and_its_pool(tmp_path: Path) -> 
     assert after <= before < held
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), **TOL)  # starts over after a reset
+
+
+def test_eight_layers_rebind_past_max_recaptures(tmp_path: Path) -> None:
+    """Rebound graphs have their own bound (``max_rebinds``): the first piece of an eight-layer model keeps
+    a graph per layer over one pool (7 rebinds, past ``max_recaptures`` = 3); the piece whose output the
+    next layer reads is captured per layer and gives up past ``max_recaptures``, as before rebinding."""
+    torch.manual_seed(0)
+    model = Layered(depth=8).cuda().eval()
+    compiled = torch.compile(model, backend=GraceBackend(GraceOptions(cache_dir=str(tmp_path), scg=False)))
+    with torch.no_grad():
+        x = torch.randn(128, 512, device="cuda")
+        for call in range(4):
+            torch.testing.assert_close(compiled(x), model(x), **TOL, msg=f"call {call}")
+    records = stats.snapshot()
+    _save("rebind_eight_layers", records)
+    (first,) = [r for r in records if r["rebinds"]]
+    assert (first["rebinds"], first["graphs_held"], first["variant"]) == (7, 8, "graph_pi"), first
+    assert first["output_bytes_held"] == 128 * 2048 * 4, first
