@@ -12,8 +12,9 @@ Design: a graph captured for a callable with static inputs keeps a pristine copy
 ``rebind`` clones that copy, finds every use of each moved input's old storage range in the kernel
 nodes' arguments (grace.pi.scan, the scan parameter indirection uses for dynamic inputs), adds the move
 to each, runs the hooks a capture runs (PI for a PI graph) and instantiates. The new graph reads the
-same placeholders and writes the same intermediates and outputs in the same pool as its origin: every
-graph of one slot shares one pool and one set of outputs, whatever the number of layers.
+same placeholders and writes the same intermediates and outputs in the same pool as its origin: the
+graphs of one slot share one pool and, where the layers do not hold each other's outputs (Note below),
+one set of outputs, whatever the number of layers (up to option ``max_rebinds``).
 
 ``rebind`` declines (the runner then captures as before) with a ``CaptureError`` saying why when:
 - a moved input's storage changed size, or its data sits at another offset in it;
@@ -29,7 +30,8 @@ graph of one slot shares one pool and one set of outputs, whatever the number of
 Invariants:
 - a value is edited only where the scan found an address in a moved input's old storage, and becomes
   that address plus the input's move; nothing else of the graph changes;
-- a rebound graph replays on the caller's current stream, like torch's replay, and is released with
+- a rebound graph replays on the caller's current stream, like torch's replay, after the stream of the
+  family's last replay (``CapturedGraph.replay``: they share intermediates), and is released with
   ``CapturedGraph.release``, which resets the origin's torch graph (and so frees the pool) with the last
   graph of the family;
 - the runner compares a rebound graph's first replays with the no-graph callable (grace.verify), as for
@@ -46,15 +48,15 @@ rebinding (grace.decide.rebind_graph), and a graph of a family that finds output
 family wrote still held when it replays (counted, or read by this very call) is replaced by a capture of
 its own; either stops rebinds for that slot. Measured on the H200 in the suites' window
 (DebertaForQuestionAnswering, four layers, results/h200-torch2.11-2026-11-29-l.jsonl): the
-attention-scores piece keeps four graphs over one set of outputs, 5.6 MiB (22.5 MiB captured per layer),
-and so does the next piece (384 KiB, 1.5 MiB before); the piece that carries the hidden state to the next
-layer finds it held and gets a capture per layer (1.1 MiB); the peak of the calls after the compiling
-one is 47.5 MiB against pt2cg's 46.3 (66.2 with a capture per layer).
+piece with the query/key/value projection keeps four graphs over one set of outputs, 5.6 MiB (22.5 MiB
+captured per layer), and so does the attention's output projection (384 KiB, 1.5 MiB before); the
+feed-forward piece, whose output is the next layer's hidden state, finds it held and gets a capture per
+layer (1.1 MiB); the peak of the calls after the compiling one is 47.5 MiB against pt2cg's 46.3 (66.2
+with a capture per layer).
 """
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -72,8 +74,6 @@ from grace.capture import (
 from grace.compat import cuda as cuda_compat
 from grace.cudagraph import ArgumentEdit, KernelNode, edit_kernel_node_arguments
 from grace.reasons import SkipCode, SkipReason
-
-logger = logging.getLogger(__name__)
 
 REBIND_ALIGNMENT = 256  # bytes: every address a kernel was given keeps its alignment up to this
 
