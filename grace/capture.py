@@ -128,6 +128,14 @@ class StorageSpan:
         return cls(int(t.data_ptr()), int(storage.data_ptr()), int(storage.nbytes()))
 
 
+def static_pointers(args: Sequence[Any], static_indices: Sequence[int]) -> list[int | None]:
+    """``data_ptr()`` of each static input by position (None elsewhere): where a graph reads them."""
+    pointers: list[int | None] = [None] * len(args)
+    for i in static_indices:
+        pointers[i] = args[i].data_ptr()
+    return pointers
+
+
 def storage_spans(args: Sequence[Any], indices: Sequence[int]) -> dict[int, StorageSpan]:
     return {i: StorageSpan.of(args[i]) for i in indices if isinstance(args[i], torch.Tensor)}
 
@@ -364,7 +372,7 @@ class CapturedGraph:
         spans = self._output_spans
         if spans is None:
             found = _pool_outputs(self.outputs, self.aliases, self.device).values()
-            spans = self._output_spans = [(StorageSpan.of(t).start, StorageSpan.of(t).end) for t in found]
+            spans = self._output_spans = [(span.start, span.end) for span in map(StorageSpan.of, found)]
         for i in indices:
             a = args[i]
             if isinstance(a, torch.Tensor):
@@ -645,9 +653,6 @@ def capture_graph(
         _reset(graph)
         _destroy(pristine)
         raise
-    static_ptrs: list[int | None] = [None] * len(args)
-    for i in static_indices:
-        static_ptrs[i] = args[i].data_ptr()
     copy_indices = tuple(sorted(placeholders))
     del outputs  # the same tensors as out_list: only the graph holds them from here on
     return CapturedGraph(
@@ -660,7 +665,7 @@ def capture_graph(
         output_container=container,
         aliases=aliases,
         static_indices=tuple(static_indices),
-        static_ptrs=static_ptrs,
+        static_ptrs=static_pointers(args, static_indices),
         summary=None,
         copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
         _dense_placeholders={} if borrow_inputs else {i: dense_view(p) for i, p in placeholders.items()},

@@ -512,7 +512,7 @@ def rebind_graph(slot: GraphSlot, args: Sequence[Any]) -> CapturedGraph | None:
 
     current = slot.graph
     assert current is not None
-    origin = current.origin or current
+    origin = current.outputs_owner  # the captured graph of the family
     variant = slot.record.variant
     if origin.outputs_read_by(args, slot.runner.plan.dynamic_indices):
         # Note: [Layers that hold each other's outputs] (grace.rebind)

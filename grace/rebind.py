@@ -69,6 +69,7 @@ from grace.capture import (
     GraphHook,
     StorageSpan,
     dense_view,
+    static_pointers,
     storage_spans,
 )
 from grace.compat import cuda as cuda_compat
@@ -150,14 +151,15 @@ class RawGraph:
     """An executable graph grace instantiated itself, launched like ``torch.cuda.CUDAGraph.replay``."""
 
     def __init__(self, graph: int, graph_exec: int, device: torch.device) -> None:
+        from grace.pi import driver
+
         self._graph = graph
         self._exec = graph_exec
         self._device = device
+        self._launch = driver.graph_launcher(graph_exec)
 
     def replay(self) -> None:
-        from grace.pi import driver
-
-        driver.graph_launch(self._exec, int(torch.cuda.current_stream(self._device).cuda_stream))
+        self._launch(int(torch.cuda.current_stream(self._device).cuda_stream))
 
     def raw_cuda_graph(self) -> int:
         return self._graph
@@ -229,9 +231,6 @@ def rebind(
     # table: like its origin, it gets placeholders of its own when a call needs a copy.
     borrowed = bool(origin._layouts)
     placeholders = {} if borrowed else dict(origin.placeholders)
-    static_ptrs: list[int | None] = [None] * len(args)
-    for i in origin.static_indices:
-        static_ptrs[i] = args[i].data_ptr()
     return CapturedGraph(
         graph=RawGraph(clone, graph_exec, origin.device),
         device=origin.device,
@@ -242,7 +241,7 @@ def rebind(
         output_container=origin.output_container,
         aliases=origin.aliases,
         static_indices=origin.static_indices,
-        static_ptrs=static_ptrs,
+        static_ptrs=static_pointers(args, origin.static_indices),
         summary=origin.summary,
         copy_bytes=origin.copy_bytes,
         _dense_placeholders={i: dense_view(p) for i, p in placeholders.items()},

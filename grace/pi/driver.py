@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,8 +180,22 @@ def instantiate(graph: int) -> int:
 
 
 def graph_launch(graph_exec: int, stream: int = 0) -> None:
+    graph_launcher(graph_exec)(stream)
+
+
+def graph_launcher(graph_exec: int) -> Callable[[int], None]:
+    """A function that launches ``graph_exec`` on a stream (``cuGraphLaunch``); the handle and the bound
+    call are made here, once, for a launch per replay."""
     drv = _drv()
-    check("cuGraphLaunch", drv.cuGraphLaunch(drv.CUgraphExec(graph_exec), drv.CUstream(stream)))
+    call, handle, stream_of = drv.cuGraphLaunch, drv.CUgraphExec(graph_exec), drv.CUstream
+    success = drv.CUresult.CUDA_SUCCESS
+
+    def launch(stream: int) -> None:
+        result = call(handle, stream_of(stream))
+        if result[0] != success:
+            check("cuGraphLaunch", result)
+
+    return launch
 
 
 def graph_upload(graph_exec: int, stream: int = 0) -> None:
