@@ -6,12 +6,17 @@ in place by the graph), which are dynamic (copied or indirected on each call), w
 forbids a graph: CPU tensors, several devices, autograd, collectives when several ranks run the graph.
 
 Design: pure functions over the FX graph and the example inputs (no CUDA work, testable on CPU with
-meta information from Dynamo's ``example_value``). Mutation detection follows views: an in-place op,
-``out=`` or ``inplace=True`` applied to a placeholder or to a view of it marks that input mutated. The
-runner adds mutations seen at run time through version counters.
+meta information from Dynamo's ``example_value``). Mutations and random ops (``graph_effects``) come
+from the op schemas: the graph runs once on fake tensors and every dispatched op's written arguments
+are mapped back to the inputs' storages (``grace.compat.dispatch``), so ``_foreach_`` ops, custom ops
+with ``Tensor(a!)``, ``out=`` and writes through views are all seen, with no version counter needed
+(inference tensors have none). The name-based scan (``mutated_inputs``, ``random_ops``) is kept as a
+floor: the result is the union of both. The runner adds mutations seen at run time through version
+counters.
 
 Invariant: when in doubt, report a reason to skip graphs rather than capture something that could
-replay stale data (a CPU tensor read at capture time is stale on every replay).
+replay stale data (a CPU tensor read at capture time is stale on every replay), and never report "no
+mutation" for a graph whose writes could not be attributed (``SkipCode.MUTATION_UNKNOWN``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 import torch
 
+from grace.compat import dispatch as dispatch_compat
 from grace.compat import dynamo as dynamo_compat
 from grace.compat import torch as torch_compat
 from grace.reasons import SkipCode, SkipReason
@@ -157,8 +163,46 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+@dataclass(frozen=True)
+class GraphEffects:
+    """The inputs a graph writes and the random ops it runs; ``skip`` when its writes are not known."""
+
+    mutated: tuple[int, ...]
+    random_ops: tuple[str, ...]
+    skip: SkipReason | None = None
+
+
+def graph_effects(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphEffects:
+    """Which inputs ``gm`` writes and which of its ops draw random numbers, from the op schemas seen
+    on a run on fake tensors, joined with the name-based scans; a skip reason when a write cannot be
+    attributed or the run fails (then every input counts as possibly written)."""
+    by_name = mutated_inputs(gm)
+    names = random_ops(gm)
+    try:
+        seen = dispatch_compat.trace_effects(gm, example_inputs)
+    except Exception as exc:
+        every = tuple(i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor))
+        reason = SkipReason(
+            SkipCode.MUTATION_UNKNOWN,
+            f"running the graph on fake tensors to find the inputs it writes raised {type(exc).__name__}: "
+            f"{str(exc)[:200]}",
+        )
+        return GraphEffects(every, names or ("unknown",), reason)
+    mutated = tuple(sorted(set(by_name) | set(seen.written)))
+    randoms = tuple(dict.fromkeys((*names, *seen.random_ops)))
+    skip = None
+    if seen.unattributed:
+        skip = SkipReason(
+            SkipCode.MUTATION_UNKNOWN,
+            f"{', '.join(seen.unattributed[:3])} writes memory that is no input of the graph "
+            "(a constant or global tensor): a replay or an extra run would write it again",
+        )
+    return GraphEffects(mutated, randoms, skip)
+
+
 def mutated_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
-    """Indices of placeholders that an op of ``gm`` may write to (directly or through a view)."""
+    """Indices of placeholders that an op of ``gm`` may write to (directly or through a view), by the
+    ops' names: a floor under ``graph_effects``, which reads the op schemas."""
     aliases: dict[torch.fx.Node, frozenset[int]] = {}
     mutated: set[int] = set()
     index = 0
@@ -204,7 +248,8 @@ def random_ops(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     A CUDA graph that draws random numbers relies on torch's replay to advance the generator's offset;
     grace.rebind launches graphs itself and declines such graphs."""
     found: list[str] = []
-    for node in gm.graph.nodes:
+    graphs = [m.graph for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]  # bodies of HOPs too
+    for node in (n for graph in graphs for n in graph.nodes):
         if node.op != "call_function":
             continue
         name = str(node.target).lower()

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from grace.analysis import analyze_inputs, mutated_inputs, random_ops
+from grace.analysis import analyze_inputs, graph_effects
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions, GraceOptionsError
@@ -150,8 +150,9 @@ def compile_graph(
     graph_hash = torch_compat.graph_code_hash(gm)
     num_nodes = len(gm.graph.nodes)
     analysis = analyze_inputs(gm, example_inputs)
-    mutated = mutated_inputs(gm)
-    skip = analysis.skip
+    effects = graph_effects(gm, example_inputs)
+    mutated = effects.mutated
+    skip = analysis.skip or effects.skip
     if not options.cuda_graphs:
         skip = SkipReason(SkipCode.DISABLED_BY_OPTION, "cuda_graphs=False")
     elif not torch_compat.cuda_available():
@@ -186,7 +187,7 @@ def compile_graph(
         input_adapter=adapter,
         pi_prepare=pi_prepare,
         pi_unavailable=pi_note,
-        random_ops=random_ops(gm),
+        random_ops=effects.random_ops,
     )
     environment = _environment(analysis.device) if skip is None and analysis.device is not None else None
     runner = GraceRunner(compiled, plan, options, environment)

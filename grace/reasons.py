@@ -38,6 +38,8 @@ class SkipCode(str, enum.Enum):
     AUTOGRAD = "autograd"
     UNSUPPORTED_INPUT = "unsupported_input"
     UNSUPPORTED_OUTPUT_ALIAS = "unsupported_output_alias"
+    MUTATION_UNKNOWN = "mutation_unknown"  # which inputs the graph writes could not be established
+    RANDOM_STATE_UNKNOWN = "random_state_unknown"  # the generators' state cannot be saved and restored
     # runtime failures
     CAPTURE_FAILED = "capture_failed"
     INSTANTIATE_FAILED = "instantiate_failed"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from grace.analysis import analyze_inputs, mutated_inputs
+from grace.analysis import analyze_inputs, graph_effects, mutated_inputs
 from grace.reasons import SkipCode
 
 
@@ -172,3 +172,155 @@ def test_world_size_is_one_without_a_process_group() -> None:
     from grace.compat import dynamo as dynamo_compat
 
     assert dynamo_compat.distributed_world_size() == 1
+
+
+# --- mutations and random ops from the op schemas (graph_effects) -------------------------------------
+
+
+@torch.library.custom_op("grace_test::scale", mutates_args=("x",))
+def _scale_(x: torch.Tensor, factor: float) -> None:
+    x.mul_(factor)
+
+
+@_scale_.register_fake
+def _scale_fake(x: torch.Tensor, factor: float) -> None:
+    return None
+
+
+def _foreach_step(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    torch._foreach_add_([a, b], [c, c])
+    return c * 2
+
+
+def _custom_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    torch.ops.grace_test.scale(b, 2.0)
+    return a + c
+
+
+def _out_variant(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    torch.add(a, 1, out=c)
+    return a * b
+
+
+def _through_a_view(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    a.view(-1)[:2].copy_(b[:2])
+    return b + c
+
+
+def _functional(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    t = a + b
+    t.add_(c)  # an intermediate, not an input
+    return t
+
+
+def dynamo_graph(fn: Callable[..., Any], *inputs: Any) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The FX graph and example inputs Dynamo hands a backend for ``fn(*inputs)`` (one graph)."""
+    seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    assert len(seen) == 1
+    return seen[0]
+
+
+MUTATING = [
+    (_foreach_step, {"a", "b"}),
+    (_custom_op, {"b"}),
+    (_out_variant, {"c"}),
+    (_through_a_view, {"a"}),
+    (_functional, set()),
+]
+
+
+def written_names(gm: torch.fx.GraphModule, indices: tuple[int, ...]) -> set[str]:
+    """The argument names of the inputs at ``indices`` (Dynamo orders inputs by first use)."""
+    names = [
+        str(n.target).removeprefix("L_").removesuffix("_") for n in gm.graph.nodes if n.op == "placeholder"
+    ]
+    return {names[i] for i in indices}
+
+
+@pytest.mark.parametrize("fn,expected", MUTATING, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_writes_come_from_the_op_schemas_under_inference_mode(fn: Callable[..., Any], expected: Any) -> None:
+    """Inference tensors have no version counter: the analysis alone must find every write."""
+    with torch.inference_mode():
+        inputs = [torch.randn(4), torch.randn(4), torch.randn(4)]
+        gm, example_inputs = dynamo_graph(fn, *inputs)
+        effects = graph_effects(gm, example_inputs)
+    assert written_names(gm, effects.mutated) == expected
+    assert effects.skip is None
+
+
+def test_the_fake_run_writes_nothing_real() -> None:
+    inputs = [torch.randn(4), torch.randn(4), torch.randn(4)]
+    before = [t.clone() for t in inputs]
+    with torch.no_grad():
+        gm, _ = dynamo_graph(_foreach_step, *[t.clone() for t in inputs])
+        graph_effects(gm, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, before, strict=True))
+
+
+def test_batch_norm_running_statistics_are_writes_only_when_training() -> None:
+    norm = torch.nn.BatchNorm1d(4)
+    with torch.no_grad():
+        gm, example_inputs = dynamo_graph(norm.train(), torch.randn(3, 4))
+        training = graph_effects(gm, example_inputs)
+        gm, example_inputs = dynamo_graph(norm.eval(), torch.randn(3, 4))
+        evaluating = graph_effects(gm, example_inputs)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(training.mutated) == 3  # running mean, running variance, batches tracked
+    assert evaluating.mutated == ()
+    assert names  # the graph has its buffers as inputs
+
+
+def test_a_write_to_memory_no_input_owns_is_declined() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    constant = graph.get_attr("constant")
+    graph.call_function(torch.ops.aten.add_.Tensor, (constant, x))
+    graph.output(x)
+    root = torch.nn.Module()
+    root.register_buffer("constant", torch.zeros(4))
+    effects = graph_effects(torch.fx.GraphModule(root, graph), [torch.ones(4)])
+    assert effects.skip is not None and effects.skip.code is SkipCode.MUTATION_UNKNOWN
+
+
+def test_a_graph_that_cannot_run_on_fake_tensors_counts_every_input_as_written() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y.numpy().sum()  # no data on fake tensors
+
+    effects = graph_effects(torch.fx.symbolic_trace(f), [torch.ones(2), torch.ones(2)])
+    assert effects.skip is not None and effects.skip.code is SkipCode.MUTATION_UNKNOWN
+    assert effects.mutated == (0, 1)
+
+
+def _noisy(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return a + torch.rand_like(b)
+
+
+def _dropout(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(a, 0.5, training=True) + b
+
+
+def _dropout_off(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(a, 0.5, training=False) + b
+
+
+@pytest.mark.parametrize(
+    "fn,draws",
+    [(_noisy, True), (_dropout, True), (_dropout_off, False), (_functional, False), (_custom_op, True)],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_random_ops_come_from_the_dispatched_ops(fn: Callable[..., Any], draws: bool) -> None:
+    """Ops tagged nondeterministic_seeded draw; a library's own op may (conservatively, it does)."""
+    with torch.no_grad():
+        gm, example_inputs = dynamo_graph(fn, torch.randn(4), torch.randn(4), torch.randn(4))
+        effects = graph_effects(gm, example_inputs)
+    assert bool(effects.random_ops) is draws, effects.random_ops
