@@ -11,15 +11,17 @@ Design (one call, on the caller's real inputs):
    PI serves every dynamic input, else the two usual graphs are captured;
 2. run the no-graph callable as the reference (before step 1 for a callable without side effects, and
    then, when its outputs reach option ``host_reference_bytes``, copied to host memory with the
-   no-graph variant's SCG samples taken at once), then each graph variant, restoring mutated inputs
-   before each run; a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
+   no-graph variant's SCG samples taken at once), then each graph variant, each run starting from the
+   call's state (``grace.rerun.CallStart``: mutated inputs and, for a callable with random ops, the
+   generators); a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
    checked first, with zeros in the placeholders it shares with the copies graph, then
    again with its inputs at new addresses (the placeholders, holding the inputs' values);
 3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
    are not timed (timing would repeat the side effects): they keep the best graph variant;
 4. release the dropped graphs, bind the slot's steady run function, arm the runner's safety net
-   (grace.verify) and return the chosen variant's output, itself compared with the no-graph output.
+   (grace.verify) and return the chosen variant's output, itself compared with the no-graph output;
+   that last run starts from the call's state too, so the call leaves what one run leaves.
 
 A PI graph is handed to its plan's ``prepare_launch`` after instantiation (a graph with vendor nodes is
 uploaded, as CUDA asks for device-side node updates); the plan's ``health`` (did the vendor preludes
@@ -141,8 +143,9 @@ from grace.capture import (
     summary_hook,
 )
 from grace.compat import torch as torch_compat
-from grace.hostref import kept_copy, kept_inputs, offload, restore_inputs
+from grace.hostref import kept_copy, offload
 from grace.reasons import SkipCode, SkipReason, log_once
+from grace.rerun import CallStart
 from grace.scg import (
     Decision,
     DecisionSource,
@@ -172,14 +175,23 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     record = slot.record
     mutated = sorted(slot.mutated)
     keep_bytes = runner.options.host_reference_bytes
-    snapshot = kept_inputs(args, mutated, keep_bytes)
-
-    def restore() -> None:
-        restore_inputs(args, snapshot)
+    try:  # every run below starts from the call's state (the rule in grace.rerun)
+        start = CallStart(args, mutated, bool(runner.plan.random_ops), runner.plan.device, keep_bytes)
+    except Exception as exc:
+        ops = ", ".join(runner.plan.random_ops[:3])
+        slot.set_no_graph(
+            SkipReason(
+                SkipCode.RANDOM_STATE_UNKNOWN,
+                f"the graph draws random numbers ({ops}) and the generators' state cannot be saved "
+                f"({type(exc).__name__}: {exc}): extra runs would consume the caller's numbers",
+            )
+        )
+        return slot.run(args)
+    restore = start.restore
 
     # A callable without side effects gets its reference before any capture: in host memory when its
     # outputs are large, with the no-graph variant's samples (Note: [Deciding-call memory]).
-    early = _reference_first(slot, args) if not mutated else None
+    early = _reference_first(slot, args, start) if not mutated else None
     graphs = _capture_variants(slot, args, mutated)
     direct = any(g.borrowed for g in graphs.values())
 
@@ -190,6 +202,7 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     else:
         restore()
         reference = runner.compiled(*args)
+        start.note_first_run()
     host_reference = reference if on_host else None
     reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
@@ -238,7 +251,11 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         slot.set_no_graph(None)
         if not mutated:
             record.calls += 1
-            return reference if reference is not None else runner.compiled(*args)
+            if reference is not None:
+                start.resume_first_run()  # the generators where the run that made it left them
+                return reference
+            restore()
+            return runner.compiled(*args)
         restore()
         return slot.run(args)
 
@@ -259,10 +276,12 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     # This call's replay is compared with the host reference (same inputs, no side effects) and the
     # first call at new addresses with the no-graph callable; no no-graph run while the graph lives.
     slot.arm_verification(args, calls=0)
-    return _returned_replay(slot, args, host_reference)
+    return _returned_replay(slot, args, host_reference, start)
 
 
-def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> tuple[Any, bool, list[float] | None] | None:
+def _reference_first(
+    slot: GraphSlot, args: Sequence[Any], start: CallStart
+) -> tuple[Any, bool, list[float] | None] | None:
     """(reference, in host memory, no-graph SCG samples) for a callable without side effects, run
     before any capture: the samples are taken then only for a reference held in host memory."""
     runner = slot.runner
@@ -270,6 +289,7 @@ def _reference_first(slot: GraphSlot, args: Sequence[Any]) -> tuple[Any, bool, l
     if options.host_reference_bytes <= 0:
         return None
     value, on_host = offload(runner.compiled(*args), options.host_reference_bytes)
+    start.note_first_run()
     if not (on_host and options.scg):
         return value, on_host, None
     samples = _time(slot, {Variant.NO_GRAPH: lambda: runner.compiled(*args)})
@@ -288,10 +308,12 @@ def _time(slot: GraphSlot, runs: dict[Variant, Callable[[], Any]]) -> dict[Varia
     )
 
 
-def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any) -> Any:
+def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any, start: CallStart) -> Any:
     """The deciding call's replay, compared with the reference held in host memory; the no-graph
-    callable's output instead (and no graph from now on) when they differ."""
+    callable's output instead (and no graph from now on) when they differ. Each run starts from the
+    call's state (``start``)."""
     graph = slot.graph
+    start.restore()
     out = slot.run(args)
     if slot.graph is not graph or graph is None or not slot.runner.options.check_numerics:
         return out  # (a failed replay already left the slot without a graph)
@@ -300,6 +322,7 @@ def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any) 
     if problem is None:
         return out
     slot.drop_for_mismatch(slot.record.variant, "deciding call's replay", problem)
+    start.restore()
     return slot.runner.compiled(*args)
 
 
@@ -586,6 +609,7 @@ def _check_variant(
         moved = list(args)
         for i in graph.copy_indices:
             moved[i] = graph.placeholders[i]
+        restore()  # the generators as the call found them (no input is written here)
         try:
             out_moved = _run_variant(slot, variant, graph, moved)
             torch.cuda.synchronize(graph.device)

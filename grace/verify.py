@@ -22,6 +22,9 @@ per graph, none per steady call.
 Invariants:
 - the callable's side effects are applied exactly once: mutated inputs are restored before the
   reference run, which applies them again (and its result is what the caller sees on a mismatch);
+- a callable that draws random numbers draws the same in both runs, and the call leaves the
+  generators where one run leaves them: the second run starts from the states the first one found
+  (grace.rerun);
 - on a match the graph's own outputs are returned (still valid: the reference run allocates outside
   the graph's pool), so the caller keeps the graph variant's aliasing and lifetime rules.
 """
@@ -35,7 +38,8 @@ import torch
 
 from grace.capture import CapturedGraph
 from grace.compat import torch as torch_compat
-from grace.hostref import kept_copy, kept_inputs, offload, restore_inputs
+from grace.hostref import kept_copy, offload
+from grace.rerun import CallStart
 from grace.scg import outputs_match
 
 
@@ -62,19 +66,22 @@ def check_against_reference(
     graph: CapturedGraph | None,
     device: torch.device | None,
     host_bytes: int = 0,
+    random: bool = False,
 ) -> tuple[Any, str | None, Any]:
     """(graph output, problem or None, no-graph output) for one call; see the module docstring.
     ``host_bytes``: the reference of a callable without side effects, and the copies a mutating
-    callable's check keeps, go to host memory from this size on (``grace.hostref``; 0: never)."""
+    callable's check keeps, go to host memory from this size on (``grace.hostref``; 0: never).
+    ``random``: the callable draws random numbers; both runs start from the generators' states the call
+    found (Note: the rule in grace.rerun)."""
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
+    start = CallStart(args, mutated, random, device, host_bytes)
     if not mutated:
-        return _check_pure(run_graph, compiled, args, graph, device, host_bytes)
-    before = kept_inputs(args, mutated, host_bytes)
+        return _check_pure(run_graph, compiled, args, graph, device, host_bytes, start)
     out = run_graph()
     # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
     got = kept_copy(out, host_bytes)
     got_state = kept_copy([args[i] for i in mutated], host_bytes)
-    restore_inputs(args, before)
+    start.restore()
     reference = _no_graph_run(compiled, args, device)
     problem = outputs_match(reference, got)
     if problem is None:
@@ -91,15 +98,19 @@ def _check_pure(
     graph: CapturedGraph | None,
     device: torch.device | None,
     host_bytes: int,
+    start: CallStart,
 ) -> tuple[Any, str | None, Any]:
     """The check of a callable without side effects: the no-graph run first, its output moved to host
     memory when it reaches ``host_bytes`` (then the graph's outputs are never beside a second device copy),
-    and compared with the replay's outputs in place."""
+    and compared with the replay's outputs in place. The replay starts from the generators' states the
+    reference started from, so it draws the same numbers and leaves them where one run does."""
     reference, on_host = offload(_no_graph_run(compiled, args, device), host_bytes)
+    start.restore()
     out = run_graph()
     synchronize(device)
     problem = outputs_match(reference, out) or graph_health(graph)
     if problem is not None and on_host:
+        start.restore()
         reference = compiled(*args)  # what the caller gets instead of the replay: on the device
     return out, problem, reference
 

@@ -1,0 +1,68 @@
+"""Where every extra run of one call starts: the inputs it writes and the generators, as the call found them.
+
+Problem: grace runs a call more than once while it decides on a graph and while it verifies one (the
+no-graph reference, the numeric checks of each variant, a replay at new input addresses, the verified
+replays of later calls). A callable that writes its inputs would apply its side effects once per run,
+and one that draws random numbers would consume the generator once per run: the caller would see
+neither what eager nor what Inductor gives for the same call.
+
+Design: ``CallStart`` is taken before the first run of a call: a copy of each input the callable writes
+(``grace.hostref.kept_inputs``; in host memory when large) and, for a callable with random ops, the
+default generators' states (``grace.compat.generators``). ``restore`` puts both back before every extra
+run, so each run starts from the caller's state; ``note_first_run`` and ``resume_first_run`` let a call
+that returns its first run's output leave the generators where that one run left them.
+
+Invariant (the rule for every graph that writes an input or draws random numbers): a call's effects on
+the caller's state are those of exactly one run. Every run grace makes beyond the caller's one starts
+from a ``CallStart.restore``, and the run whose output the caller gets is the last one, or the
+generators are put back where it left them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grace.compat import generators as generators_compat
+from grace.hostref import kept_inputs, restore_inputs
+
+
+class CallStart:
+    """The state an extra run of one call must start from (see the module docstring)."""
+
+    def __init__(
+        self,
+        args: Sequence[Any],
+        mutated: Sequence[int],
+        random: bool,
+        device: torch.device | None,
+        host_bytes: int = 0,
+    ) -> None:
+        self._args = args
+        self._inputs = kept_inputs(args, list(mutated), host_bytes)
+        # Raises where the generators' state cannot be read: the caller declines the graph then.
+        self._generators = generators_compat.save_generators(device) if random else None
+        self._device = device
+        self._after_first: generators_compat.GeneratorStates | None = None
+
+    @property
+    def random(self) -> bool:
+        return self._generators is not None
+
+    def restore(self) -> None:
+        """Put the written inputs and the generators back as the call found them."""
+        restore_inputs(self._args, self._inputs)
+        if self._generators is not None:
+            generators_compat.restore_generators(self._generators)
+
+    def note_first_run(self) -> None:
+        """Remember where the generators stand after the run whose output the caller may get."""
+        if self._generators is not None:
+            self._after_first = generators_compat.save_generators(self._device)
+
+    def resume_first_run(self) -> None:
+        """Leave the generators where the noted run left them (nothing to do without random ops)."""
+        if self._after_first is not None:
+            generators_compat.restore_generators(self._after_first)
