@@ -324,3 +324,14 @@ def test_random_ops_come_from_the_dispatched_ops(fn: Callable[..., Any], draws: 
         gm, example_inputs = dynamo_graph(fn, torch.randn(4), torch.randn(4), torch.randn(4))
         effects = graph_effects(gm, example_inputs)
     assert bool(effects.random_ops) is draws, effects.random_ops
+
+
+@pytest.mark.parametrize("dropout_p,draws", [(0.0, False), (0.1, True)])
+def test_attention_draws_only_with_a_dropout_probability(dropout_p: float, draws: bool) -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+    with torch.no_grad():
+        gm, example_inputs = dynamo_graph(attend, *(torch.randn(1, 2, 8, 4) for _ in range(3)))
+        effects = graph_effects(gm, example_inputs)
+    assert bool(effects.random_ops) is draws, effects.random_ops

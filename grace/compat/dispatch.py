@@ -12,10 +12,11 @@ Design: ``trace_effects`` runs the graph once on fake copies of its example inpu
 map back to input indices, so writes through views, ``out=`` and lists of tensors are found. A write to
 a storage that is neither an input's nor one an op of this run created (a constant the graph reads
 through ``get_attr``, a global) is reported as unattributed. Ops tagged ``nondeterministic_seeded`` are
-the graph's random ops, and so is every op of a namespace other than torch's own (a custom op's schema
-does not say whether it draws). The batch norms update their running statistics without saying so in
-their schemas: a short table adds those writes. A higher-order operator is opaque here: every tensor
-it is given counts as written and its name as a random op, so nothing is missed.
+the graph's random ops (attention kernels only with a dropout probability that is not 0), and so is
+every op of a namespace other than torch's own (a custom op's schema does not say whether it draws).
+The batch norms update their running statistics without saying so in their schemas: a short table adds
+those writes. A higher-order operator is opaque here: every tensor it is given counts as written and
+its name as a random op, so nothing is missed.
 
 Invariant: the result over-approximates the graph's writes; any failure of the run raises, and the
 caller must then treat the graph's mutations as unknown (never as none). This is the one module that
@@ -65,8 +66,8 @@ class _EffectsMode(TorchDispatchMode):
             name = str(func)
             for value in _written_arguments(func, args, kwargs):
                 self.writes.extend((name, ref) for ref in _storages(value))
-            if torch.Tag.nondeterministic_seeded in func.tags or func.namespace not in _KNOWN_NAMESPACES:
-                self.random.append(name)  # an op of a library's own may draw without saying so
+            if _draws(func, args, kwargs):
+                self.random.append(name)
         else:  # a higher-order operator: its body is not seen op by op
             name = str(getattr(func, "_name", func))
             self.opaque.append(name)
@@ -96,14 +97,37 @@ _UNDECLARED_WRITES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def _written_arguments(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-    schema = func._schema
+def _argument_values(
+    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The arguments given to ``func`` by name (defaults left out)."""
     values: dict[str, Any] = {}
-    for position, argument in enumerate(schema.arguments):
+    for position, argument in enumerate(func._schema.arguments):
         if argument.name in kwargs:
             values[argument.name] = kwargs[argument.name]
         elif not argument.kwarg_only and position < len(args):
             values[argument.name] = args[position]
+    return values
+
+
+def _draws(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` may draw from a generator: tagged so (attention kernels only when their
+    ``dropout_p`` is not 0: they draw for dropout alone), or an op of a library's own, which may draw
+    without saying so."""
+    if func.namespace not in _KNOWN_NAMESPACES:
+        return True
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    for argument in func._schema.arguments:
+        if argument.name == "dropout_p":
+            value = _argument_values(func, args, kwargs).get("dropout_p", argument.default_value)
+            return not (isinstance(value, (int, float)) and value == 0)
+    return True
+
+
+def _written_arguments(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    schema = func._schema
+    values = _argument_values(func, args, kwargs)
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     undeclared = _UNDECLARED_WRITES.get(schema.name)
     if undeclared is not None and values.get(undeclared[1], True) is not False:
