@@ -34,12 +34,12 @@ Invariants:
 - a slot's graph is used only for inputs with its signature and while its static inputs have the
   addresses they had at capture (checked on every replay; a kept graph only when all of them match);
 - a graph that mutates an input is never run more often than the caller calls it, unless every
-  extra run (the deciding call's reference and checks, SCG samples, the verified replays of later
-  calls and their no-graph reference) starts from a restored snapshot of every input it may write
-  (grace.rerun); the inputs it may write come from the op schemas (grace.analysis), so the rule holds
-  without warm-up calls and under ``inference_mode`` (no version counters). A callable that draws
-  random numbers leaves the generators where one run leaves them, every extra run starting from their
-  states at the call's start;
+  extra run (the deciding call's reference and checks, the verified replays of later calls and their
+  no-graph reference; SCG does not time such a graph) starts from a restored snapshot of every input
+  it may write (grace.rerun); the inputs it may write come from the op schemas (grace.analysis), so
+  the rule holds without warm-up calls and under ``inference_mode`` (no version counters). A callable
+  that draws random numbers leaves the generators where one run leaves them, every extra run starting
+  from their states at the call's start;
 - the runner returns exactly the structure the compiled callable returns.
 """
 

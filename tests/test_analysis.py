@@ -335,3 +335,14 @@ def test_attention_draws_only_with_a_dropout_probability(dropout_p: float, draws
         gm, example_inputs = dynamo_graph(attend, *(torch.randn(1, 2, 8, 4) for _ in range(3)))
         effects = graph_effects(gm, example_inputs)
     assert bool(effects.random_ops) is draws, effects.random_ops
+
+
+def test_a_higher_order_op_is_opaque_its_tensors_count_as_written_and_random() -> None:
+    def branch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return torch.cond(a.sum() > 0, lambda x: x + 1, lambda x: x - 1, (b,)) + c
+
+    with torch.no_grad():
+        gm, example_inputs = dynamo_graph(branch, torch.randn(4), torch.randn(4), torch.randn(4))
+        effects = graph_effects(gm, example_inputs)
+    assert written_names(gm, effects.mutated) == {"b"}
+    assert effects.random_ops and effects.skip is None
