@@ -127,6 +127,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -192,6 +193,8 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     # A callable without side effects gets its reference before any capture: in host memory when its
     # outputs are large, with the no-graph variant's samples (Note: [Deciding-call memory]).
     early = _reference_first(slot, args, start) if not mutated else None
+    if isinstance(early, _MissedWrite):
+        return _stop_for_missed_write(slot, start, early.output)
     graphs = _capture_variants(slot, args, mutated)
     direct = any(g.borrowed for g in graphs.values())
 
@@ -202,6 +205,10 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     else:
         restore()
         reference = runner.compiled(*args)
+        if start.unexpected_writes():  # the first run of the call: nothing else has run yet
+            for graph in graphs.values():
+                graph.release()
+            return _stop_for_missed_write(slot, start, reference)
         start.note_first_run()
     host_reference = reference if on_host else None
     reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
@@ -279,16 +286,41 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
     return _returned_replay(slot, args, host_reference, start)
 
 
+@dataclass(frozen=True)
+class _MissedWrite:
+    """The first run of a deciding call wrote an input the analysis did not list; its output."""
+
+    output: Any
+
+
+def _stop_for_missed_write(slot: GraphSlot, start: CallStart, output: Any) -> Any:
+    """End the deciding call with its first (and only) run: the inputs it wrote join the slot's written
+    inputs, and the next call decides again (as after a warm-up call that saw the writes)."""
+    written = start.unexpected_writes()
+    slot.mutated.update(written)
+    slot.record.calls += 1
+    logger.warning(
+        "grace: graph %s wrote inputs %s that the analysis did not find; deciding again on the next call",
+        slot.record.graph_id,
+        written,
+    )
+    return output
+
+
 def _reference_first(
     slot: GraphSlot, args: Sequence[Any], start: CallStart
-) -> tuple[Any, bool, list[float] | None] | None:
+) -> tuple[Any, bool, list[float] | None] | _MissedWrite | None:
     """(reference, in host memory, no-graph SCG samples) for a callable without side effects, run
     before any capture: the samples are taken then only for a reference held in host memory."""
     runner = slot.runner
     options = runner.options
     if options.host_reference_bytes <= 0:
         return None
-    value, on_host = offload(runner.compiled(*args), options.host_reference_bytes)
+    output = runner.compiled(*args)
+    if start.unexpected_writes():
+        return _MissedWrite(output)
+    value, on_host = offload(output, options.host_reference_bytes)
+    del output
     start.note_first_run()
     if not (on_host and options.scg):
         return value, on_host, None

@@ -10,7 +10,10 @@ Design: ``CallStart`` is taken before the first run of a call: a copy of each in
 (``grace.hostref.kept_inputs``; in host memory when large) and, for a callable with random ops, the
 default generators' states (``grace.compat.generators``). ``restore`` puts both back before every extra
 run, so each run starts from the caller's state; ``note_first_run`` and ``resume_first_run`` let a call
-that returns its first run's output leave the generators where that one run left them.
+that returns its first run's output leave the generators where that one run left them. Where inputs
+have version counters, ``unexpected_writes`` tells after the first run whether it wrote an input the
+analysis did not list: the deciding call then stops there (that run is the call) and decides again
+on the next call, with that input among the written ones.
 
 Invariant (the rule for every graph that writes an input or draws random numbers): a call's effects on
 the caller's state are those of exactly one run. Every run grace makes beyond the caller's one starts
@@ -41,6 +44,8 @@ class CallStart:
         host_bytes: int = 0,
     ) -> None:
         self._args = args
+        self._mutated = frozenset(mutated)
+        self._versions = _versions(args)
         self._inputs = kept_inputs(args, list(mutated), host_bytes)
         # Raises where the generators' state cannot be read: the caller declines the graph then.
         self._generators = generators_compat.save_generators(device) if random else None
@@ -57,6 +62,17 @@ class CallStart:
         if self._generators is not None:
             generators_compat.restore_generators(self._generators)
 
+    def unexpected_writes(self) -> list[int]:
+        """Inputs whose version counters moved since the call started although they are not among the
+        inputs the callable writes: a write the analysis did not see (inference tensors have no counter,
+        so only the analysis can see their writes)."""
+        now = _versions(self._args)
+        return [
+            i
+            for i, (before, after) in enumerate(zip(self._versions, now, strict=True))
+            if before is not None and after is not None and before != after and i not in self._mutated
+        ]
+
     def note_first_run(self) -> None:
         """Remember where the generators stand after the run whose output the caller may get."""
         if self._generators is not None:
@@ -66,3 +82,16 @@ class CallStart:
         """Leave the generators where the noted run left them (nothing to do without random ops)."""
         if self._after_first is not None:
             generators_compat.restore_generators(self._after_first)
+
+
+def _versions(args: Sequence[Any]) -> list[int | None]:
+    out: list[int | None] = []
+    for value in args:
+        version = None
+        if isinstance(value, torch.Tensor):
+            try:
+                version = int(value._version)
+            except RuntimeError:  # an inference tensor tracks no version
+                version = None
+        out.append(version)
+    return out

@@ -291,3 +291,18 @@ def test_the_backend_publishes_the_inputs_each_graph_writes(fn: Any, written: se
         stop_collecting(sink)
     assert len(sink) == 1
     assert {"abc"[i] for i in sink[0].mutated_inputs} == written
+
+
+@pytest.mark.parametrize("host_reference_bytes", [0, 4 << 20])
+def test_a_write_the_analysis_missed_ends_the_deciding_call_after_its_first_run(
+    monkeypatch: pytest.MonkeyPatch, host_reference_bytes: int
+) -> None:
+    """Where inputs have version counters, the deciding call's first run shows a write the analysis did
+    not report: that run is the call, and the next call decides with the write known."""
+    from grace.analysis import GraphEffects
+
+    monkeypatch.setattr(grace.backend, "graph_effects", lambda gm, inputs: GraphEffects((), ()))
+    options = _options(warmup_calls=0, host_reference_bytes=host_reference_bytes)
+    _compare_calls(foreach_step, options, "no_grad", calls=5)
+    records = stats.snapshot()
+    assert records and all(r["variant"] == Variant.GRAPH_COPIES.value for r in records), records
