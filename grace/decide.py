@@ -299,6 +299,8 @@ def _stop_for_missed_write(slot: GraphSlot, start: CallStart, output: Any) -> An
     written = start.unexpected_writes()
     slot.mutated.update(written)
     slot.record.calls += 1
+    slot.warmups_left = 0
+    slot.run = slot._run_warmup  # also after a capture for moved static inputs: no graph is bound
     logger.warning(
         "grace: graph %s wrote inputs %s that the analysis did not find; deciding again on the next call",
         slot.record.graph_id,
