@@ -237,7 +237,7 @@ def rebind(
         placeholders=placeholders,
         copy_indices=origin.copy_indices,
         mutated_indices=origin.mutated_indices,
-        outputs=list(origin.outputs),
+        outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads] in grace.capture)
         output_container=origin.output_container,
         aliases=origin.aliases,
         static_indices=origin.static_indices,
