@@ -313,7 +313,8 @@ class CapturedGraph:
     last_generation: int | None = None
     aliases_since: int | None = None
     last_writer: int | None = None  # id() of the graph whose replay wrote the outputs last
-    last_stream: Any = None  # the stream of the family's last run (Note: [Stream order])
+    last_stream: Any = None  # the stream of the family's last run (Note: [Stream order]) and its handle
+    last_stream_key: int | None = None
     # Note: [Outputs and threads]: the thread whose call the last replay served; whether the outputs have
     # served several threads (then every replay needs them all dropped).
     last_thread: int | None = None
@@ -356,11 +357,14 @@ class CapturedGraph:
         """Queue what follows on the current stream after all work queued so far on the stream of the
         previous run of this graph or its family (Note: [Stream order])."""
         owner = self.outputs_owner
+        key = current_stream_key(self.device)
+        if key == owner.last_stream_key:
+            return  # the same stream (or no streams): in order already
         stream = current_stream(self.device)
         last = owner.last_stream
-        if last is not None and stream is not None and last != stream:
+        if last is not None:
             stream.wait_stream(last)
-        owner.last_stream = stream
+        owner.last_stream, owner.last_stream_key = stream, key
 
     def replay(self) -> None:
         """One replay on the current stream (``run_with_copies``/``run_with_pi`` order it first)."""
@@ -563,6 +567,13 @@ def current_stream(device: torch.device) -> Any:
     if device.type != "cuda":
         return None
     return torch.cuda.current_stream(device)
+
+
+def current_stream_key(device: torch.device) -> int | None:
+    """The handle of ``current_stream(device)``, cheaper to get (None for a device without streams)."""
+    if device.type != "cuda":
+        return None
+    return torch_compat.current_raw_stream(device)
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:

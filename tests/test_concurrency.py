@@ -219,6 +219,7 @@ def test_a_run_on_another_stream_waits_for_the_previous_runs_stream_first(
     log: list[str] = []
     streams = {"now": _Stream("a", log)}
     monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"], raising=False)
+    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
     real_copy = grace.capture.torch_compat.foreach_copy
 
@@ -259,6 +260,7 @@ def test_a_pi_run_on_another_stream_waits_before_its_table_update(monkeypatch: p
     log: list[str] = []
     streams = {"now": _Stream("a", log)}
     monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"], raising=False)
+    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
     x = torch.ones(2, 3)
     graph = _graph(x, "g", log)

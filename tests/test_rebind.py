@@ -178,6 +178,7 @@ def test_replays_of_a_family_on_another_stream_wait_for_the_last_one(monkeypatch
 
     streams = {"now": _Stream("s1")}
     monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"])
+    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]))
     origin = _captured(log, [torch.zeros(4)])
     other = _rebound(origin, log, "a")
     for graph in (origin, other):  # the same stream: in order already

@@ -177,6 +177,16 @@ def is_current_stream_capturing() -> bool:
     return bool(torch.cuda.is_current_stream_capturing())
 
 
+def current_raw_stream(device: torch.device) -> int:
+    """The ``cudaStream_t`` of ``device``'s current stream, without building a ``torch.cuda.Stream``
+    (``torch._C._cuda_getCurrentRawStream``, which Inductor's generated code calls)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
 # --- Inductor ----------------------------------------------------------------------------------
 
 
