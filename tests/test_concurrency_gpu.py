@@ -78,10 +78,10 @@ def test_threads_calling_one_compiled_model_get_eager_values(
     barrier = threading.Barrier(threads)
 
     def work(k: int) -> None:
-        generator = torch.Generator(device="cuda").manual_seed(1000 + k)
         try:
+            generator = torch.Generator(device="cuda").manual_seed(1000 + k)
             with torch.no_grad():  # grad mode is per thread
-                barrier.wait()
+                barrier.wait(timeout=120)
                 for call in range(40):
                     x = _input(generator=generator)
                     out = compiled(x)
@@ -96,7 +96,8 @@ def test_threads_calling_one_compiled_model_get_eager_values(
     for t in workers:
         t.start()
     for t in workers:
-        t.join()
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in workers), "a thread did not finish in 300 s"
     assert errors == [], errors
     records = stats.snapshot()
     assert sum(r["calls"] for r in records) == 40 * threads, records
