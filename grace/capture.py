@@ -560,6 +560,11 @@ class CapturedGraph:
 
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
+# Note: [One side stream]: warm-ups and captures of every runner share grace's side stream, and a stream
+# that captures takes in whatever any thread queues on it; so they run one at a time, across runners and
+# threads, and no thread clears cuBLAS's workspaces during a capture (each runner's own lock is taken
+# first, this one second, never the other way round).
+_side_stream_lock = torch_compat.capture_lock
 
 
 def current_stream(device: torch.device) -> Any:
@@ -593,13 +598,14 @@ def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torc
     stream is dropped afterwards (Note: [cuBLAS workspaces]), so the no-graph runs that follow on the
     caller's stream reuse its memory instead of holding a second one beside it.
     """
-    stream = side_stream(device)
-    current = torch.cuda.current_stream(device)
-    stream.wait_stream(current)
-    with torch.cuda.stream(stream):
-        out = fn(*args)
-    current.wait_stream(stream)
-    torch_compat.clear_cublas_workspaces()
+    with _side_stream_lock:  # Note: [One side stream]
+        stream = side_stream(device)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            out = fn(*args)
+        current.wait_stream(stream)
+        torch_compat.clear_cublas_workspaces()
     return out
 
 
@@ -710,30 +716,31 @@ def capture_graph(
     except Exception as exc:
         raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"CUDAGraph(): {exc}")) from exc
 
-    stream = side_stream(device)
-    current = torch.cuda.current_stream(device)
-    stream.wait_stream(current)
-    hook_errors: list[BaseException] = []
-    outputs: Any = None
-    try:
-        with torch.cuda.stream(stream):
-            torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
-            torch_compat.capture_begin(graph)
-            try:
-                outputs = fn(*capture_args)
-                if not keep_graph and hooks:
-                    _run_hooks(
-                        hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
-                    )
-            finally:
-                graph.capture_end()
-                torch_compat.clear_cublas_workspaces()
-    except Exception as exc:
-        _reset(graph)
-        cuda_compat.clear_last_error()
-        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
-    finally:
-        current.wait_stream(stream)
+    with _side_stream_lock:  # Note: [One side stream]
+        stream = side_stream(device)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        hook_errors: list[BaseException] = []
+        outputs: Any = None
+        try:
+            with torch.cuda.stream(stream):
+                torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
+                torch_compat.capture_begin(graph)
+                try:
+                    outputs = fn(*capture_args)
+                    if not keep_graph and hooks:
+                        _run_hooks(
+                            hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
+                        )
+                finally:
+                    graph.capture_end()
+                    torch_compat.clear_cublas_workspaces()
+        except Exception as exc:
+            _reset(graph)
+            cuda_compat.clear_last_error()
+            raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
+        finally:
+            current.wait_stream(stream)
 
     pristine = _pristine_copy(graph) if keep_graph and keep_pristine else None
     if keep_graph:

@@ -18,7 +18,8 @@ Invariants:
 - a pool is released only once every storage its outputs had is dead, so no memory a caller can still
   read is ever reused by another graph or tensor;
 - each pool is released exactly once (the caller guards against releasing a graph twice);
-- the registry holds no tensor: only weak references, so waiting never keeps an output alive.
+- the registry holds no tensor: only weak references, so waiting never keeps an output alive;
+- a pool is never released while another thread captures (``grace.compat.torch.capture_lock``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def release_when_unheld(storages: Sequence[Any], release: Callable[[], None]) ->
     last of them has been dropped (``release_unheld``). True when released now."""
     entry = _WaitingPool(tuple(storages), release)
     if not entry.held():
-        release()
+        with torch_compat.capture_lock:  # never while another thread captures (grace.capture)
+            release()
         return True
     with _lock:
         _waiting.append(entry)
@@ -70,8 +72,9 @@ def release_unheld() -> int:
         if not done:
             return 0
         _waiting[:] = still
-    for entry in done:
-        entry.release()
+    with torch_compat.capture_lock:
+        for entry in done:
+            entry.release()
     return len(done)
 
 
