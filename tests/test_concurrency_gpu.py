@@ -42,6 +42,26 @@ def _model() -> torch.nn.Module:
     )
 
 
+class _TwoPieces(torch.nn.Module):
+    """Two compiled pieces (a graph break between them): two runners, whose warm-ups and captures share
+    grace's side stream (Note: [One side stream] in grace.capture)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU())
+        self.second = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(h) + h
+
+
+def _two_pieces() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _TwoPieces().cuda().double().eval()
+
+
 def _input(rows: int = 16, generator: torch.Generator | None = None) -> torch.Tensor:
     return torch.randn(rows, WIDTH, device="cuda", dtype=torch.float64, generator=generator)
 
@@ -60,15 +80,17 @@ def _graph_records() -> list[dict[str, Any]]:
 # --- threads ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("pieces", [1, 2])
 @pytest.mark.parametrize("clone", [True, False], ids=["clone", "no-clone"])
 @pytest.mark.parametrize("threads", [2, 4])
 def test_threads_calling_one_compiled_model_get_eager_values(
-    threads: int, clone: bool, tmp_path: Path
+    threads: int, clone: bool, pieces: int, tmp_path: Path
 ) -> None:
     """Each thread calls the model 40 times with inputs of its own and compares every output with
     eager's while it holds it; with ``clone_outputs=False`` another thread's call meanwhile runs without
-    the graph (Note: [Outputs and threads] in grace.capture)."""
-    model = _model()
+    the graph (Note: [Outputs and threads] in grace.capture). Two pieces: the threads' calls also
+    interleave between the two runners of one model."""
+    model = _model() if pieces == 1 else _two_pieces()
     compiled = torch.compile(model, backend=GraceBackend(_options(tmp_path, clone_outputs=clone)))
     with torch.no_grad():
         _warm(compiled, model)  # compiled and decided before the threads start
@@ -100,7 +122,7 @@ def test_threads_calling_one_compiled_model_get_eager_values(
     assert not any(t.is_alive() for t in workers), "a thread did not finish in 300 s"
     assert errors == [], errors
     records = stats.snapshot()
-    assert sum(r["calls"] for r in records) == 40 * threads, records
+    assert sum(r["calls"] for r in records) == 40 * threads * pieces, records
     if clone:  # nothing of the pool is handed out: the calls replay
         assert sum(r["graph_launches"] for r in records) > 0, records
 
