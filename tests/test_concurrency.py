@@ -291,6 +291,7 @@ def test_an_evicted_graphs_pool_lives_while_its_output_is_held(
         (other,) = runner(w, torch.full((4, 3), 2.0), 1)
         torch.testing.assert_close(other, torch.full((4, 3), 4.0))
     assert len(runner.slots) == 1 and "reset g0" not in log and pools.waiting() == waiting + 1
+    assert stats.pools_waiting() == pools.waiting()
     torch.testing.assert_close(kept, small * 2)
     del kept
     runner(w, torch.full((4, 3), 2.0), 1)  # the next call finds nothing held: released
