@@ -323,3 +323,31 @@ def test_reset_releases_every_graph_and_a_held_pool_once_its_outputs_are_dropped
     assert not runner.slots and "reset g0" not in log and pools.waiting() == waiting + 1
     del view
     assert pools.release_unheld() == 1 and log.count("reset g0") == 1 and pools.waiting() == waiting
+
+
+def test_a_graph_serving_a_second_thread_counts_the_tensors_it_handed_out_before() -> None:
+    """Note: [Outputs and threads]: two outputs view one buffer; the graph handed out its own tensors
+    (uncountable) before a second thread came; from then on whoever holds them counts as a holder."""
+    from grace.capture import HELD, HELD_NONE
+
+    base = torch.zeros(4, 4)
+    outputs: list[Any] = [base[:2], base[0]]
+    del base  # alive through the views, as an Inductor buffer whose views are the outputs
+    graph = CapturedGraph(
+        graph=None, device=CPU, placeholders={}, copy_indices=(), mutated_indices=(), outputs=outputs,
+        output_container="tuple", aliases=(), static_indices=(), static_ptrs=[], summary=None,
+        output_refs=output_refs(outputs, (), CPU), output_bytes=pool_output_bytes(outputs, (), CPU),
+    )  # fmt: skip
+    del outputs
+    graph.note_replay(1)  # this thread's call got the graph's own tensors
+    handed = graph.outputs[0]
+    assert _in_thread(lambda: graph.held_outputs(2)) == HELD  # another thread: ``handed`` is held
+    assert graph.threads_shared and graph.outputs[0] is not handed
+    assert graph.outputs[0].data_ptr() == handed.data_ptr()
+    del handed
+    assert _in_thread(lambda: graph.held_outputs(3)) == HELD_NONE
+    out = graph.collect_outputs([], clone=False)  # aliases from now on
+    assert out[0] is not graph.outputs[0]
+    assert graph.held_outputs(4) == HELD  # by anyone, this thread too
+    del out
+    assert graph.held_outputs(4) == HELD_NONE
