@@ -53,9 +53,11 @@ so the stream recorded is the one of the call queued last.
 Note: [Outputs and threads]
 Dynamo's count of top-level calls is shared by all threads: a call from another thread in between looks
 like a new call of this thread, so Note: [Outputs held within one call] cannot tell one thread's calls
-apart once a graph serves several threads, and a thread cannot know when another thread's call
-overwrites the outputs it received. So the first time a graph (or its family) replays for a thread other
-than the one its last replay served, it stops handing out its own tensors: it replaces them by fresh
+apart once grace serves several threads, and a thread cannot know when another thread's call
+overwrites the outputs it received. So the first time a graph (or its family) is about to replay for a
+thread other than the one its last replay served, or once the runners have been called from more than
+one thread at all (``calling_threads``, noted by the runner on every call and forgotten by
+``grace.reset()``), it stops handing out its own tensors: it replaces them by fresh
 tensors over the same storages (``CapturedGraph.share_across_threads``), so that whatever was handed out
 before counts in the storages' use counts, and hands out aliases from then on. From then on a replay
 happens only when no output of the previous replay is held, by any thread (``held_outputs`` returns
@@ -390,7 +392,9 @@ class CapturedGraph:
         """``HELD_NONE``: a replay now overwrites nothing still held; ``HELD_UNKNOWN``: the last replay in
         this call handed out the outputs themselves, whose holders cannot be counted; ``HELD``: counted."""
         owner = self.outputs_owner
-        if not owner.threads_shared and owner.last_thread not in (None, threading.get_ident()):
+        if not owner.threads_shared and (
+            calling_threads.several or owner.last_thread not in (None, threading.get_ident())
+        ):
             self.share_across_threads()
         if owner.threads_shared:  # Note: [Outputs and threads]
             return HELD if owner._outputs_counted_held() else HELD_NONE
@@ -558,6 +562,29 @@ class CapturedGraph:
 
         pools.release_when_unheld([ref for ref, _ in self.output_refs], release_pool)
 
+
+class CallingThreads:
+    """Whether calls of grace's runners have come from more than one thread since the last reset (Note:
+    [Outputs and threads]): Dynamo's call count then moves with every thread's calls."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.several = False
+
+    def note(self) -> None:
+        if self.several:
+            return
+        ident = threading.get_ident()
+        if self.first is None:
+            self.first = ident
+        elif ident != self.first:
+            self.several = True
+
+    def forget(self) -> None:
+        self.first, self.several = None, False
+
+
+calling_threads = CallingThreads()
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
 # Note: [One side stream]: warm-ups and captures of every runner share grace's side stream, and a stream

@@ -63,7 +63,7 @@ import torch
 
 from grace import pools
 from grace import stats as grace_stats
-from grace.capture import HELD, CaptureContext, CapturedGraph, run_on_side_stream
+from grace.capture import HELD, CaptureContext, CapturedGraph, calling_threads, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.picking import Picker, picker
@@ -513,6 +513,7 @@ class GraceRunner:
 
     def __call__(self, *args: Any) -> Any:
         pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
+        calling_threads.note()  # Note: [Outputs and threads] in grace.capture
         with self.lock:  # the whole call, from the input check to the outputs (module docstring)
             return self._call(args)
 
@@ -610,4 +611,5 @@ def release_all() -> int:
     for runner in runners:
         runner.reset()
     pools.release_unheld()
+    calling_threads.forget()  # graphs made from now on start with one thread again
     return len(runners)

@@ -201,6 +201,25 @@ def test_threads_holding_outputs_with_outputs_not_cloned_always_see_their_values
     assert wrong == []
 
 
+def test_a_thread_keeps_its_layers_outputs_while_other_threads_call_other_models(
+    make_runner: Callable[..., tuple[GraceRunner, list[str]]],
+) -> None:
+    """Note: [Outputs and threads]: Dynamo's call count is shared by threads, so another thread's calls
+    (here of another compiled model) move it in the middle of this thread's call; a piece run once per
+    layer must still not overwrite the output of the layer before, which this thread holds."""
+    mine, _ = make_runner()
+    theirs, _ = make_runner()
+    w = torch.ones(())
+    for _ in range(3):
+        mine(w, torch.zeros(2, 3), 1)
+    _in_thread(lambda: theirs(w, torch.zeros(2, 3), 1))
+    layer_one = torch.full((2, 3), 1.0)
+    (first,) = mine(w, layer_one, 1)  # a new generation for each call, as another thread's calls give
+    (second,) = mine(w, torch.full((2, 3), 2.0), 1)
+    torch.testing.assert_close(first, layer_one * 2)  # not overwritten by the next layer's call
+    torch.testing.assert_close(second, torch.full((2, 3), 4.0))
+
+
 # --- streams ---------------------------------------------------------------------------------------
 
 
