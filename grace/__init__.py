@@ -65,7 +65,9 @@ def available_techniques() -> dict[str, str | None]:
 
 
 def reset() -> None:
-    """Release every CUDA graph and memory pool grace holds; ``torch._dynamo.reset()`` calls this too."""
+    """Release every CUDA graph and memory pool grace holds; ``torch._dynamo.reset()`` calls this too.
+
+    A pool whose outputs the caller still holds is released once the last of them is dropped."""
     if importlib.util.find_spec("torch") is None:
         return
     from grace.backend import reset_runtime

@@ -31,9 +31,38 @@ Invariants:
   reference to them: it has no placeholders until a call needs one (``CapturedGraph.own_placeholders``),
   and nothing is ever copied into an input of the capturing call;
 - the pool of a captured graph lives until the last graph of its family is released
-  (``CapturedGraph.release``), whichever that is; the pristine copy is destroyed with it. The graphs of
-  a family reuse the pool's intermediates: their replays are ordered on the stream of the family's last
-  replay (``CapturedGraph.replay``), never concurrent.
+  (``CapturedGraph.release``), whichever that is, and then for as long as any output of it is still
+  held (grace.pools); the pristine copy is destroyed with it;
+- every use of a graph's placeholders, pointer table, pool and outputs is queued after all work queued
+  so far on the stream of the previous use (Note: [Stream order]);
+- the outputs a call from one thread received are never overwritten by a replay for another thread
+  while they are held (Note: [Outputs and threads]).
+
+Note: [Stream order]
+A replay reads its placeholders and pointer table and writes its pool (intermediates and outputs) on the
+caller's current stream. Work the user queued on another stream after the previous call may still read
+that call's outputs (or, for a graph of a family, grace.rebind, the pool's intermediates are another
+graph's in flight). So every run through ``run_with_copies``/``run_with_pi`` first makes the current
+stream wait for everything queued so far on the stream of the previous run of the graph or of its family
+(``torch.cuda.Stream.wait_stream``: an event recorded on that stream now), before the input copies,
+the table update and the replay; copies back into mutated inputs and output clones follow on the current
+stream. The stream is kept with the family's captured graph (``outputs_owner.last_stream``). On one
+stream nothing waits. The runner's lock (grace.runner) makes the host side of two calls never overlap,
+so the stream recorded is the one of the call queued last.
+
+Note: [Outputs and threads]
+Dynamo's count of top-level calls is shared by all threads: a call from another thread in between looks
+like a new call of this thread, so Note: [Outputs held within one call] cannot tell one thread's calls
+apart once grace serves several threads, and a thread cannot know when another thread's call
+overwrites the outputs it received. So the first time a graph (or its family) is about to replay for a
+thread other than the one its last replay served, or once the runners have been called from more than
+one thread at all (``calling_threads``, noted by the runner on every call and forgotten by
+``grace.reset()``), it stops handing out its own tensors: it replaces them by fresh
+tensors over the same storages (``CapturedGraph.share_across_threads``), so that whatever was handed out
+before counts in the storages' use counts, and hands out aliases from then on. From then on a replay
+happens only when no output of the previous replay is held, by any thread (``held_outputs`` returns
+``HELD`` otherwise and the runner runs that call without the graph). With ``clone_outputs=True`` no
+output of the pool is handed out and the rule never applies.
 
 Note: [cuBLAS workspaces]
 cuBLAS keeps a workspace per (handle, stream) (about 32 MiB on the H200), allocated on a stream's first
@@ -85,12 +114,15 @@ has ``rebase_placeholders(addresses)``: the runner calls it when such a graph fi
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from grace import pools
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import GraphSummary, graph_summary
@@ -283,7 +315,12 @@ class CapturedGraph:
     last_generation: int | None = None
     aliases_since: int | None = None
     last_writer: int | None = None  # id() of the graph whose replay wrote the outputs last
-    last_stream: Any = None  # the stream of the family's last replay (CapturedGraph.replay)
+    last_stream: Any = None  # the stream of the family's last run (Note: [Stream order]) and its handle
+    last_stream_key: int | None = None
+    # Note: [Outputs and threads]: the thread whose call the last replay served; whether the outputs have
+    # served several threads (then every replay needs them all dropped).
+    last_thread: int | None = None
+    threads_shared: bool = False
     # grace.rebind: the captured graph before any hook edited it (a cuGraph_t this object destroys), the
     # spans of the static inputs and of what the capture read for each dynamic input (placeholders or,
     # borrowed, the caller's inputs); a graph rebound from another has that one as ``origin`` and shares
@@ -294,6 +331,7 @@ class CapturedGraph:
     origin: CapturedGraph | None = None
     sharers: int = 0
     _pool_release_pending: bool = False
+    _pool_released: bool = False
     _output_spans: list[tuple[int, int]] | None = None
 
     def own_placeholders(self) -> dict[int, int]:
@@ -317,16 +355,21 @@ class CapturedGraph:
         srcs = [dense_view(args[i]) for i in indices]
         torch_compat.foreach_copy(dsts, srcs)
 
+    def order_streams(self) -> None:
+        """Queue what follows on the current stream after all work queued so far on the stream of the
+        previous run of this graph or its family (Note: [Stream order])."""
+        owner = self.outputs_owner
+        key = current_stream_key(self.device)
+        if key == owner.last_stream_key:
+            return  # the same stream (or no streams): in order already
+        stream = current_stream(self.device)
+        last = owner.last_stream
+        if last is not None:
+            stream.wait_stream(last)
+        owner.last_stream, owner.last_stream_key = stream, key
+
     def replay(self) -> None:
-        """One replay on the current stream. Graphs of one family share their pool's intermediates: a
-        replay on another stream than the family's last one waits for that stream first."""
-        if self.shares_outputs:
-            owner = self.outputs_owner
-            stream = torch.cuda.current_stream(self.device)
-            last = owner.last_stream
-            if last is not None and last != stream:
-                stream.wait_stream(last)
-            owner.last_stream = stream
+        """One replay on the current stream (``run_with_copies``/``run_with_pi`` order it first)."""
         self.graph.replay()
 
     @property
@@ -349,6 +392,12 @@ class CapturedGraph:
         """``HELD_NONE``: a replay now overwrites nothing still held; ``HELD_UNKNOWN``: the last replay in
         this call handed out the outputs themselves, whose holders cannot be counted; ``HELD``: counted."""
         owner = self.outputs_owner
+        if not owner.threads_shared and (
+            calling_threads.several or owner.last_thread not in (None, threading.get_ident())
+        ):
+            self.share_across_threads()
+        if owner.threads_shared:  # Note: [Outputs and threads]
+            return HELD if owner._outputs_counted_held() else HELD_NONE
         if generation != owner.last_generation:
             return HELD_NONE
         if owner.aliases_since is None:
@@ -356,9 +405,47 @@ class CapturedGraph:
             return HELD_UNKNOWN
         if generation == owner.aliases_since:
             return HELD_UNKNOWN
-        if any(torch_compat.storage_use_count(ref) > own for ref, own in owner.output_refs):
-            return HELD
-        return HELD_NONE
+        return HELD if owner._outputs_counted_held() else HELD_NONE
+
+    def _outputs_counted_held(self) -> bool:
+        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.output_refs)
+
+    def share_across_threads(self) -> None:
+        """Note: [Outputs and threads]: replace the graph's own output tensors by fresh ones over the same
+        storages (whoever holds the old ones now counts as a holder) and hand out aliases from now on.
+
+        The graphs of a family share one list of outputs (grace.rebind), replaced in place. Each storage's
+        own count becomes what it was at capture less the old tensors (with the bases of views) the graph
+        held on it, plus the fresh ones; where that cannot be matched it becomes 0 (always held).
+        """
+        owner = self.outputs_owner
+        owner.threads_shared = True
+        if owner.aliases_since is None:
+            owner.aliases_since = owner.last_generation if owner.last_generation is not None else 0
+        outputs = self.outputs
+        old = _pool_outputs_all(outputs, self.aliases, self.device)
+        keys = list(_pool_outputs(outputs, self.aliases, self.device))
+        old_impls: Counter[int] = Counter()
+        seen: set[int] = set()
+        for tensor in old.values():
+            for impl in (tensor, tensor._base):
+                if impl is not None and id(impl) not in seen:
+                    seen.add(id(impl))
+                    old_impls[_storage_ptr(impl)] += 1
+        fresh: dict[int, torch.Tensor] = {}
+        for position, tensor in old.items():
+            new = fresh.get(id(tensor))
+            if new is None:
+                new = fresh[id(tensor)] = tensor.detach()  # a new tensor of the storage, no view of the old
+            outputs[position] = new
+        new_impls = Counter(_storage_ptr(t) for t in fresh.values())
+        if len(keys) == len(owner.output_refs):
+            owner.output_refs = [
+                (ref, own - old_impls[key] + new_impls[key])
+                for (ref, own), key in zip(owner.output_refs, keys, strict=True)
+            ]
+        else:
+            owner.output_refs = [(ref, 0) for ref, _ in owner.output_refs]
 
     def last_replayed_by_another(self) -> bool:
         """Whether the last replay that wrote these outputs was another graph's (one rebound from the
@@ -385,6 +472,7 @@ class CapturedGraph:
         owner = self.outputs_owner
         owner.last_generation = generation
         owner.last_writer = id(self)
+        owner.last_thread = threading.get_ident()
 
     def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
         outs = list(self.outputs)
@@ -407,6 +495,7 @@ class CapturedGraph:
 
     def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
         """Graph with input copies: what PyTorch2-CG does on each call."""
+        self.order_streams()
         self.copy_in(args, self.copy_indices)
         self.replay()
         self.copy_back(args, self.mutated_indices)
@@ -415,6 +504,7 @@ class CapturedGraph:
     def run_with_pi(self, args: Sequence[Any], clone: bool) -> Any:
         plan = self.pi_plan
         assert plan is not None
+        self.order_streams()  # before the table update: a replay in flight elsewhere may still read it
         copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         if copied and self.borrowed:
             rebase = getattr(plan, "rebase_placeholders", None)
@@ -436,7 +526,8 @@ class CapturedGraph:
         """Drop the graph, its placeholders and static outputs; the pool is freed with the last of them.
 
         Graphs rebound from this one (grace.rebind) replay in its pool: the pool is released with the
-        last graph of the family, whichever is released last."""
+        last graph of the family, whichever is released last, and then only once no output of it is held
+        (grace.pools). Releasing a graph a second time does nothing."""
         release = getattr(self.pi_plan, "release", None)
         if callable(release):
             try:
@@ -444,6 +535,9 @@ class CapturedGraph:
             except Exception:  # releasing must not raise out of reset or GC
                 logger.debug("grace: PI plan release failed", exc_info=True)
         self.pi_plan = None
+        self.outputs = []  # first: what the caller holds is what keeps the pool (grace.pools)
+        self.placeholders = {}
+        self._dense_placeholders = {}
         origin, self.origin = self.origin, None
         if origin is not None:
             _reset(self.graph)  # the rebound executable graph; the pool is the origin's
@@ -454,18 +548,64 @@ class CapturedGraph:
             self._pool_release_pending = True
         else:
             self._release_pool()
-        self.outputs = []
-        self.placeholders = {}
-        self._dense_placeholders = {}
 
     def _release_pool(self) -> None:
         self._pool_release_pending = False
-        _reset(self.graph)
-        pristine, self.pristine = self.pristine, None
-        _destroy(pristine)
+        if self._pool_released:
+            return
+        self._pool_released = True
+        graph, pristine, self.pristine = self.graph, self.pristine, None
 
+        def release_pool() -> None:
+            _reset(graph)
+            _destroy(pristine)
+
+        pools.release_when_unheld([ref for ref, _ in self.output_refs], release_pool)
+
+
+class CallingThreads:
+    """Whether calls of grace's runners have come from more than one thread since the last reset (Note:
+    [Outputs and threads]): Dynamo's call count then moves with every thread's calls."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.several = False
+
+    def note(self) -> None:
+        if self.several:
+            return
+        ident = threading.get_ident()
+        if self.first is None:
+            self.first = ident
+        elif ident != self.first:
+            self.several = True
+
+    def forget(self) -> None:
+        self.first, self.several = None, False
+
+
+calling_threads = CallingThreads()
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
+# Note: [One side stream]: warm-ups and captures of every runner share grace's side stream, and a stream
+# that captures takes in whatever any thread queues on it; so they run one at a time, across runners and
+# threads, and no thread clears cuBLAS's workspaces during a capture (each runner's own lock is taken
+# first, this one second, never the other way round).
+_side_stream_lock = torch_compat.capture_lock
+
+
+def current_stream(device: torch.device) -> Any:
+    """The stream a run on ``device`` is queued on now (None for a device without streams)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(device)
+
+
+def current_stream_key(device: torch.device) -> int | None:
+    """The handle of ``current_stream(device)``, cheaper to get (None for a device without streams)."""
+    if device.type != "cuda":
+        return None
+    return torch_compat.current_raw_stream(device)
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -485,13 +625,14 @@ def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torc
     stream is dropped afterwards (Note: [cuBLAS workspaces]), so the no-graph runs that follow on the
     caller's stream reuse its memory instead of holding a second one beside it.
     """
-    stream = side_stream(device)
-    current = torch.cuda.current_stream(device)
-    stream.wait_stream(current)
-    with torch.cuda.stream(stream):
-        out = fn(*args)
-    current.wait_stream(stream)
-    torch_compat.clear_cublas_workspaces()
+    with _side_stream_lock:  # Note: [One side stream]
+        stream = side_stream(device)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            out = fn(*args)
+        current.wait_stream(stream)
+        torch_compat.clear_cublas_workspaces()
     return out
 
 
@@ -504,15 +645,25 @@ def _in_pool(value: Any, device: torch.device) -> bool:
     return isinstance(value, torch.Tensor) and value.device == device
 
 
+def _pool_outputs_all(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
+) -> dict[int, torch.Tensor]:
+    """Position -> output tensor, for every output in the graph's pool (views of inputs left out)."""
+    viewing_inputs = {a.position for a in aliases}
+    return {
+        position: out
+        for position, out in enumerate(outputs)
+        if position not in viewing_inputs and _in_pool(out, device)
+    }
+
+
 def _pool_outputs(
     outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
 ) -> dict[int, torch.Tensor]:
     """One output tensor per storage the graph's pool holds for its outputs (views of inputs left out)."""
-    viewing_inputs = {a.position for a in aliases}
     found: dict[int, torch.Tensor] = {}
-    for position, out in enumerate(outputs):
-        if position not in viewing_inputs and _in_pool(out, device):
-            found.setdefault(_storage_ptr(out), out)
+    for out in _pool_outputs_all(outputs, aliases, device).values():
+        found.setdefault(_storage_ptr(out), out)
     return found
 
 
@@ -592,30 +743,31 @@ def capture_graph(
     except Exception as exc:
         raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"CUDAGraph(): {exc}")) from exc
 
-    stream = side_stream(device)
-    current = torch.cuda.current_stream(device)
-    stream.wait_stream(current)
-    hook_errors: list[BaseException] = []
-    outputs: Any = None
-    try:
-        with torch.cuda.stream(stream):
-            torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
-            torch_compat.capture_begin(graph)
-            try:
-                outputs = fn(*capture_args)
-                if not keep_graph and hooks:
-                    _run_hooks(
-                        hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
-                    )
-            finally:
-                graph.capture_end()
-                torch_compat.clear_cublas_workspaces()
-    except Exception as exc:
-        _reset(graph)
-        cuda_compat.clear_last_error()
-        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
-    finally:
-        current.wait_stream(stream)
+    with _side_stream_lock:  # Note: [One side stream]
+        stream = side_stream(device)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        hook_errors: list[BaseException] = []
+        outputs: Any = None
+        try:
+            with torch.cuda.stream(stream):
+                torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
+                torch_compat.capture_begin(graph)
+                try:
+                    outputs = fn(*capture_args)
+                    if not keep_graph and hooks:
+                        _run_hooks(
+                            hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
+                        )
+                finally:
+                    graph.capture_end()
+                    torch_compat.clear_cublas_workspaces()
+        except Exception as exc:
+            _reset(graph)
+            cuda_compat.clear_last_error()
+            raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
+        finally:
+            current.wait_stream(stream)
 
     pristine = _pristine_copy(graph) if keep_graph and keep_pristine else None
     if keep_graph:

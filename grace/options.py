@@ -60,9 +60,13 @@ class GraceOptions:
             pool and the graph's replay in the next call of the compiled model overwrites them (as with
             PyTorch's cudagraph trees): clone what you keep across calls, or set this. Within one call a
             replay never overwrites an output still held: that call runs without the graph (Note:
-            [Outputs held within one call] in grace.capture).
+            [Outputs held within one call] in grace.capture). Nor does a replay overwrite an output
+            that a call from another thread still holds (Note: [Outputs and threads]): once grace runs
+            calls from several threads, a graph replays only when none of its outputs is held. Set this
+            when several threads call compiled models, so that every call can replay.
         max_graphs_per_callable: bound on graphs kept per compiled callable, one per input signature
-            (shapes, strides, dtypes, integer inputs); the least recently used one is released.
+            (shapes, strides, dtypes, integer inputs); the least recently used one is released (its
+            memory pool once no output of it is held, grace.pools).
         warmup_calls: calls run without a graph before the first capture of a signature.
         check_numerics: compare each graph variant's outputs with the no-graph outputs once, before
             keeping it. Turning this off is unsafe and only meant for debugging.

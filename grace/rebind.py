@@ -31,7 +31,7 @@ Invariants:
 - a value is edited only where the scan found an address in a moved input's old storage, and becomes
   that address plus the input's move; nothing else of the graph changes;
 - a rebound graph replays on the caller's current stream, like torch's replay, after the stream of the
-  family's last replay (``CapturedGraph.replay``: they share intermediates), and is released with
+  family's last run (Note: [Stream order] in grace.capture: they share intermediates), and is released with
   ``CapturedGraph.release``, which resets the origin's torch graph (and so frees the pool) with the last
   graph of the family;
 - the runner compares a rebound graph's first replays with the no-graph callable (grace.verify), as for
@@ -237,7 +237,7 @@ def rebind(
         placeholders=placeholders,
         copy_indices=origin.copy_indices,
         mutated_indices=origin.mutated_indices,
-        outputs=list(origin.outputs),
+        outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads] in grace.capture)
         output_container=origin.output_container,
         aliases=origin.aliases,
         static_indices=origin.static_indices,

@@ -30,7 +30,18 @@ that finds outputs another layer's graph wrote still held is replaced by a captu
 by ``max_recaptures`` and rebound graphs by ``max_rebinds``; a move past both bounds leaves the slot
 without a graph, and every graph it kept is released.
 
+Threads and streams: one lock per compiled callable (``GraceRunner.lock``) is held for each call from
+the input check to the hand-out of the outputs, deciding calls, warm-up and checks included, so the
+host side of two calls never overlaps: no two calls copy into the same placeholders, write one pointer
+table or collect one set of outputs at once. Outputs another thread received are never overwritten while
+held (Note: [Outputs and threads] in grace.capture), a run on another stream waits for the stream of the
+graph's previous run (Note: [Stream order]), and a released graph's pool lives while its outputs are held
+(grace.pools; the runner releases waiting pools at the start of each call).
+
 Invariants:
+- at most one call of a compiled callable runs its runner's code at a time, whatever the threads;
+- a graph's copies, table update and replay are queued after all work queued so far on the stream of
+  the graph's (or its family's) previous run;
 - a slot's graph is used only for inputs with its signature and while its static inputs have the
   addresses they had at capture (checked on every replay; a kept graph only when all of them match);
 - a graph that mutates an input is never run more often than the caller calls it, unless every
@@ -55,8 +66,9 @@ from typing import Any
 
 import torch
 
+from grace import pools
 from grace import stats as grace_stats
-from grace.capture import HELD, CaptureContext, CapturedGraph, run_on_side_stream
+from grace.capture import HELD, CaptureContext, CapturedGraph, calling_threads, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.picking import Picker, picker
@@ -218,15 +230,16 @@ class GraphSlot:
 
     def _run_outputs_held(self, args: Sequence[Any]) -> Any:
         """This call without the graph: a replay would overwrite outputs of the graph's previous replay
-        in the same compiled call that may still be held (Note: [Outputs held within one call])."""
+        that may still be held, in the same compiled call (Note: [Outputs held within one call]) or by
+        another thread (Note: [Outputs and threads])."""
         record = self.record
         record.calls += 1
         record.held_output_calls += 1
         if record.held_output_calls == 1:
             reason = SkipReason(
                 SkipCode.OUTPUTS_HELD,
-                "the graph runs again within one compiled call while outputs of its previous replay may be "
-                "held; such calls run without the graph",
+                "the graph runs again while outputs of its previous replay may be held (within one "
+                "compiled call, or by a call from another thread); such calls run without the graph",
             )
             record.add_skip(reason)
             log_once(reason, f"graph {record.graph_id} ({self.signature_text})")
@@ -479,6 +492,7 @@ class GraceRunner:
         self.plan = plan
         self.options = options
         self.environment = environment
+        # Held for each whole call (and by reset/release): see "Threads and streams" above.
         self.lock = threading.RLock()
         self.slots: OrderedDict[Any, GraphSlot] = OrderedDict()
         self._adapter = plan.input_adapter
@@ -504,6 +518,12 @@ class GraceRunner:
         return tuple(parts)
 
     def __call__(self, *args: Any) -> Any:
+        pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
+        calling_threads.note()  # Note: [Outputs and threads] in grace.capture
+        with self.lock:  # the whole call, from the input check to the outputs (module docstring)
+            return self._call(args)
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
         if self._adapter is not None:
             args = tuple(self._adapter(list(args)))
         record = self._skip_record
@@ -586,12 +606,16 @@ def release_callables(callable_ids: set[int]) -> int:
     runners = [r for r in list(_live_runners) if r.callable_id in callable_ids]
     for runner in runners:
         runner.release()
+    pools.release_unheld()
     return len(runners)
 
 
 def release_all() -> int:
-    """Release the graphs of every live runner; returns how many runners there were."""
+    """Release the graphs of every live runner; returns how many runners there were. A pool whose
+    outputs the caller still holds is released once they are dropped (grace.pools)."""
     runners = list(_live_runners)
     for runner in runners:
         runner.reset()
+    pools.release_unheld()
+    calling_threads.forget()  # graphs made from now on start with one thread again
     return len(runners)

@@ -47,7 +47,7 @@ class GraphStats:
     calls: int = 0
     graph_calls: int = 0
     copy_fallback_calls: int = 0
-    held_output_calls: int = 0  # calls run without the graph: its outputs were held within the call
+    held_output_calls: int = 0  # calls run without the graph: its outputs were held (Note: [Outputs held...])
     graphs_held: int = 0  # graphs the slot keeps (one per static-input address set)
     output_bytes_held: int = 0  # bytes of their outputs in their pools, allocated while they live
     recaptures: int = 0
@@ -135,7 +135,8 @@ def snapshot() -> list[dict[str, Any]]:
     graph_launches_per_call (over all calls, warm-up included), steady_graph_launches_per_call,
     kernel_launches_per_call (launches outside graphs in a steady call), copy_bytes_per_replay,
     pi_bytes_per_replay, pi_stages, copy_fallback_calls, held_output_calls (calls run without the graph
-    because a replay would have overwritten outputs held within one compiled call), graphs_held and
+    because a replay would have overwritten outputs held within one compiled call or by another thread's
+    call), graphs_held and
     output_bytes_held (the slot's live graphs and the bytes of their outputs), recaptures and rebinds
     (graphs captured, and graphs edited from a copy, for static inputs at new addresses), decision
     (variant, source, medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
@@ -143,6 +144,14 @@ def snapshot() -> list[dict[str, Any]]:
     with _lock:
         records = list(_records.values())
     return [r.to_dict() for r in records]
+
+
+def pools_waiting() -> int:
+    """Memory pools of released graphs kept because the caller still holds outputs of them (grace.pools);
+    each is released at the first call after the last of those outputs is dropped."""
+    from grace import pools
+
+    return pools.waiting()
 
 
 def fallback_counts() -> dict[str, int]:

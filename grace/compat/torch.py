@@ -44,6 +44,7 @@ import hashlib
 import inspect
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,11 +135,18 @@ def capture_begin(graph: Any, pool: Any = None) -> None:
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
 
 
+# Held by grace.capture around every capture and warm-up on its side stream, and here around each clear:
+# a clear from another thread in the middle of a capture would free the workspace the graph is using.
+capture_lock = threading.RLock()
+
+
 def clear_cublas_workspaces() -> None:
-    """Drop cuBLAS's cached workspaces: the next matmul on each stream allocates its own again."""
+    """Drop cuBLAS's cached workspaces: the next matmul on each stream allocates its own again (never
+    while another thread captures: ``capture_lock``)."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None and torch.cuda.is_initialized():
-        clear()
+        with capture_lock:
+            clear()
 
 
 @functools.cache
@@ -175,6 +183,16 @@ def storage_weak_ref(tensor: torch.Tensor) -> Any:
 
 def is_current_stream_capturing() -> bool:
     return bool(torch.cuda.is_current_stream_capturing())
+
+
+def current_raw_stream(device: torch.device) -> int:
+    """The ``cudaStream_t`` of ``device``'s current stream, without building a ``torch.cuda.Stream``
+    (``torch._C._cuda_getCurrentRawStream``, which Inductor's generated code calls)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
 
 
 # --- Inductor ----------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""Memory pools of released graphs whose outputs the caller still holds.
+
+Problem: a graph's outputs live in its private memory pool. A graph is released while the caller may
+still hold outputs of its last replay: the runner evicts the least recently used signature past
+``max_graphs_per_callable``, a slot falls back to no graph, a family of rebound graphs loses its last
+member, ``grace.reset()`` releases everything. Resetting the torch graph then hands the pool back to the
+allocator, and memory the caller still reads may serve the next graph or tensor.
+
+Design: ``CapturedGraph.release`` first drops every tensor of its own (outputs, placeholders), then
+passes weak references to its outputs' storages and the pool's release (reset the torch graph, destroy
+the pristine copy) to ``release_when_unheld``. With nothing of the outputs alive any more (every
+storage's use count is zero: no tensor, view or alias of them, and no Python storage object, is left),
+the pool is released at once, as before; otherwise it waits here. ``release_unheld`` releases the
+waiting pools whose outputs have all been dropped since; the runner calls it at the start of every call
+(one check of an empty list when nothing waits) and ``grace.reset()`` calls it after releasing.
+
+Invariants:
+- a pool is released only once every storage its outputs had is dead, so no memory a caller can still
+  read is ever reused by another graph or tensor;
+- each pool is released exactly once (the caller guards against releasing a graph twice);
+- the registry holds no tensor: only weak references, so waiting never keeps an output alive;
+- a pool is never released while another thread captures (``grace.compat.torch.capture_lock``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grace.compat import torch as torch_compat
+
+
+@dataclass(frozen=True, eq=False)
+class _WaitingPool:
+    """A released graph's pool and the weak references to its outputs' storages."""
+
+    storages: tuple[Any, ...]
+    release: Callable[[], None]
+
+    def held(self) -> bool:
+        return any(torch_compat.storage_use_count(ref) > 0 for ref in self.storages)
+
+
+_waiting: list[_WaitingPool] = []
+_lock = threading.Lock()
+
+
+def release_when_unheld(storages: Sequence[Any], release: Callable[[], None]) -> bool:
+    """Run ``release`` now when no storage in ``storages`` (weak references) is alive, else once the
+    last of them has been dropped (``release_unheld``). True when released now."""
+    entry = _WaitingPool(tuple(storages), release)
+    if not entry.held():
+        with torch_compat.capture_lock:  # never while another thread captures (grace.capture)
+            release()
+        return True
+    with _lock:
+        _waiting.append(entry)
+    return False
+
+
+def release_unheld() -> int:
+    """Release every waiting pool whose outputs are no longer held; returns how many."""
+    if not _waiting:
+        return 0
+    with _lock:
+        done: list[_WaitingPool] = []
+        still: list[_WaitingPool] = []
+        for entry in _waiting:
+            (still if entry.held() else done).append(entry)
+        if not done:
+            return 0
+        _waiting[:] = still
+    with torch_compat.capture_lock:
+        for entry in done:
+            entry.release()
+    return len(done)
+
+
+def waiting() -> int:
+    """How many released graphs' pools wait for their held outputs to be dropped."""
+    return len(_waiting)
