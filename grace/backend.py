@@ -237,7 +237,11 @@ def compile_graph(
 
 def _compile_stage(stage: _Stage, options: GraceOptions, eager: Callable[..., Any]) -> Callable[..., Any]:
     gm, example_inputs = stage.gm, stage.example_inputs
-    graph_hash = torch_compat.graph_code_hash(gm)
+    try:
+        graph_hash = torch_compat.graph_code_hash(gm)
+    except Exception as exc:  # a hash only names the graph: any stable text will do
+        logger.debug("grace: hashing the graph failed", exc_info=exc)
+        graph_hash = f"unhashed-{id(gm):x}"
     facts = _analyse(gm, example_inputs, options)
     analysis, skip = facts.analysis, facts.analysis.skip
     pi_prepare, pi_note = _pi_seam(skip, options)

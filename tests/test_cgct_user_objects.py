@@ -185,3 +185,14 @@ def test_a_graph_attribute_mirror_follows_its_attribute() -> None:
     table.data.mul_(3)
     InputAdapter([step])([])
     assert torch.equal(step.mirror, torch.arange(4.0) * 3)
+
+
+def test_a_strided_view_attribute_is_compared_element_by_element() -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    column = base.t()[1]  # a non-contiguous view: no single memcmp covers it
+    adapter, step = _mirrored(column)
+    adapter([column])
+    column.data.mul_(-1)
+    assert not column.is_contiguous()
+    assert torch.equal(adapter([column])[0], -torch.tensor([1.0, 5.0, 9.0]))
+    assert step.refreshes == 1
