@@ -5,21 +5,23 @@ graph and expects a callable back. Three techniques from other packages plug in 
 PI inside capture, SCG in the runner), each of which may be missing or fail on a given torch, Triton or
 CUDA; the backend must still return a correct callable and say what it declined and why.
 
-Design (DESIGN 3.1): ``compile_graph`` runs ``grace.cgct.transform`` (its ``RestartAnalysis`` propagates
-to Dynamo; any other failure is recorded and the original graph compiled), analyses inputs and mutations
-(``grace.analysis``), compiles with ``compile_fx`` and ``triton.cudagraphs`` off (the inner compile's
-``cudagraphs`` box forced False), and wraps the result in a ``GraceRunner``. Static inputs are taken from
-Dynamo's marks on the inputs, not from the inner compile, so warm Inductor caches that skip the inner
-compile change nothing. ``GraceBackend`` carries options (``grace.compile``); ``grace_backend`` is the
+Design (DESIGN 3.1): ``compile_graph`` runs ``grace.cgct.transform`` (any failure is recorded and the
+original graph compiled), analyses inputs and mutations (``grace.analysis``), compiles with
+``compile_fx`` and ``triton.cudagraphs`` off (the inner compile's ``cudagraphs`` box forced False), and
+wraps the result in a ``GraceRunner`` behind a ``GuardedRunner``. Static inputs are taken from Dynamo's
+marks on the inputs, not from the inner compile, so warm Inductor caches that skip the inner compile
+change nothing. ``GraceBackend`` carries options (``grace.compile``); ``grace_backend`` is the
 registered name ``"grace"`` and takes ``options=`` from ``torch.compile``. Both have ``reset()``, which
 ``torch._dynamo.reset()`` calls.
 
-Invariant: the backend never raises for a technique that is unavailable; it raises only for user errors
-(invalid options) and Dynamo's own control flow (``RestartAnalysis``).
+Invariant: the backend never raises for its own failures, at compile time or during a call (Note:
+[The backend never raises for its own failures]); it raises for user errors (invalid options, a model
+that raises in eager too) and for Inductor's failures on Dynamo's own graph.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import threading
@@ -29,12 +31,14 @@ from typing import Any
 
 import torch
 
-from grace.analysis import analyze_inputs, graph_effects
+from grace import stats as grace_stats
+from grace.analysis import InputAnalysis, analyze_inputs, graph_effects
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions, GraceOptionsError
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.runner import Environment, GraceRunner, RunnerPlan
+from grace.scg import Variant
 
 logger = logging.getLogger(__name__)
 
@@ -110,104 +114,288 @@ def _environment(device: torch.device) -> Environment:
 
 # --- the backend -------------------------------------------------------------------------------
 
+# Note: [The backend never raises for its own failures]
+# Whatever grace's own code raises while compiling a graph (CGCT, the analysis of inputs and mutations,
+# preparing PI, building the runner) costs only that part: CGCT's failure compiles the graph Dynamo
+# gave, an analysis failure runs Inductor without CUDA graphs, and Inductor failing on the graph CGCT
+# produced compiles Dynamo's graph instead. Each is a ``SkipReason`` (logged once, counted). What
+# Inductor raises on Dynamo's own graph is not grace's failure and propagates, as with
+# ``backend="inductor"``. At run time ``GuardedRunner`` wraps the runner: when a call raises, it is run
+# again on the safe path (Inductor's callable without a graph; Dynamo's graph run eagerly where the
+# CGCT adapter itself failed). When the safe path succeeds, the failure was grace's: recorded as
+# ``runner_failed`` and every later call takes the safe path. When it raises too, the error is the
+# user's (their model raises in eager as well) and propagates unchanged. A call that already ran a
+# callable that mutates its inputs is never run again (its side effects would apply twice): then the
+# exception propagates.
 
-def compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: GraceOptions
-) -> Callable[..., Any]:
-    """Compile one Dynamo graph for the grace runtime (see the module docstring)."""
-    example_inputs = list(example_inputs)
+
+@dataclass
+class _Stage:
+    """The graph to compile and what CGCT did to it."""
+
+    gm: torch.fx.GraphModule
+    example_inputs: list[Any]
     adapter: Callable[[list[Any]], list[Any]] | None = None
-    diagnoses: list[Any] = []
-    cgct_note: SkipReason | None = None
-    cgct_transformed = False
+    diagnoses: list[Any] = field(default_factory=list)
+    note: SkipReason | None = None
+    transformed: bool = False
 
-    if options.cgct:
-        cgct, cgct_note = load_seam("cgct", "transform")
-        if cgct is not None:
+
+def _apply_cgct(gm: torch.fx.GraphModule, example_inputs: list[Any], options: GraceOptions) -> _Stage:
+    """CGCT's result, or the graph as given with the reason CGCT was left out (never raises)."""
+    stage = _Stage(gm, example_inputs)
+    if not options.cgct:
+        stage.note = SkipReason(SkipCode.DISABLED_BY_OPTION, "cgct=False")
+        return stage
+    cgct, stage.note = load_seam("cgct", "transform")
+    if cgct is None:
+        diagnose_module, _ = load_seam("cgct", "diagnose")
+        if diagnose_module is not None:
             try:
-                result = cgct.transform(gm, example_inputs)
-            except torch._dynamo.exc.RestartAnalysis as exc:
-                raise torch_compat.as_backend_restart(exc) from exc
-            except Exception as exc:
-                cgct_note = SkipReason(SkipCode.CGCT_FAILED, f"transform raised {type(exc).__name__}: {exc}")
-                log_once(cgct_note, "CGCT")
-            else:
-                gm = result.gm
-                example_inputs = list(result.example_inputs)
-                adapter = result.input_adapter
-                diagnoses = list(getattr(result, "diagnoses", []) or [])
-                cgct_transformed = True
-        else:
-            diagnose_module, _ = load_seam("cgct", "diagnose")
-            if diagnose_module is not None:
-                try:
-                    diagnoses = list(diagnose_module.diagnose(gm, example_inputs))
-                except Exception:
-                    logger.debug("grace: cgct.diagnose failed", exc_info=True)
-    else:
-        cgct_note = SkipReason(SkipCode.DISABLED_BY_OPTION, "cgct=False")
+                stage.diagnoses = list(diagnose_module.diagnose(gm, example_inputs))
+            except Exception:
+                logger.debug("grace: cgct.diagnose failed", exc_info=True)
+        return stage
+    try:
+        result = cgct.transform(gm, example_inputs)
+        transformed = _Stage(
+            result.gm,
+            list(result.example_inputs),
+            result.input_adapter,
+            list(getattr(result, "diagnoses", []) or []),
+            transformed=True,
+        )
+    except Exception as exc:
+        stage.note = SkipReason(SkipCode.CGCT_FAILED, f"transform raised {type(exc).__name__}: {exc}")
+        log_once(stage.note, "CGCT")
+        return stage
+    return transformed
 
-    graph_hash = torch_compat.graph_code_hash(gm)
-    num_nodes = len(gm.graph.nodes)
-    analysis = analyze_inputs(gm, example_inputs)
-    effects = graph_effects(gm, example_inputs)
-    mutated = effects.mutated
+
+@dataclass(frozen=True)
+class _Facts:
+    analysis: InputAnalysis
+    mutated: tuple[int, ...]
+    random_ops: tuple[str, ...]
+
+
+def _analyse(gm: torch.fx.GraphModule, example_inputs: list[Any], options: GraceOptions) -> _Facts:
+    """Inputs, mutations and random ops of ``gm``; a failure of the analysis means no CUDA graph."""
+    try:
+        analysis = analyze_inputs(gm, example_inputs)
+        effects = graph_effects(gm, example_inputs)
+        facts = _Facts(analysis, effects.mutated, effects.random_ops)
+    except Exception as exc:
+        reason = SkipReason(SkipCode.BACKEND_FAILED, f"analysis raised {type(exc).__name__}: {exc}")
+        log_once(reason, "analysis")
+        return _Facts(InputAnalysis((), (), (), None, reason), (), ())
     skip = analysis.skip or effects.skip
     if not options.cuda_graphs:
         skip = SkipReason(SkipCode.DISABLED_BY_OPTION, "cuda_graphs=False")
     elif not torch_compat.cuda_available():
         skip = SkipReason(SkipCode.NO_CUDA, "no CUDA device: running Inductor without CUDA graphs")
+    if skip is not analysis.skip:
+        facts = _Facts(dataclasses.replace(analysis, skip=skip), facts.mutated, facts.random_ops)
+    return facts
 
-    pi_prepare = None
-    pi_note: SkipReason | None = None
-    if skip is None and options.pi:
+
+def _pi_seam(skip: SkipReason | None, options: GraceOptions) -> tuple[Any, SkipReason | None]:
+    """(PI's ``prepare``, None) or (None, why PI is left out)."""
+    if not options.pi:
+        return None, SkipReason(SkipCode.DISABLED_BY_OPTION, "pi=False")
+    if skip is not None:
+        return None, None
+    try:
         pi_module, pi_note = load_seam("pi", "prepare")
         if pi_module is not None and cuda_compat.driver() is None:
-            pi_note = SkipReason(SkipCode.CUDA_BINDINGS_MISSING, str(cuda_compat.import_error()))
-            pi_module = None
-        if pi_module is not None:
-            pi_prepare = pi_module.prepare
-    elif not options.pi:
-        pi_note = SkipReason(SkipCode.DISABLED_BY_OPTION, "pi=False")
+            return None, SkipReason(SkipCode.CUDA_BINDINGS_MISSING, str(cuda_compat.import_error()))
+    except Exception as exc:
+        return None, SkipReason(SkipCode.PI_UNAVAILABLE, f"loading PI raised {type(exc).__name__}: {exc}")
+    return (pi_module.prepare if pi_module is not None else None), pi_note
 
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: GraceOptions
+) -> Callable[..., Any]:
+    """Compile one Dynamo graph for the grace runtime (see the module docstring)."""
+    given = _Stage(gm, list(example_inputs))
+    stage = _apply_cgct(gm, given.example_inputs, options)
+    try:
+        return _compile_stage(stage, options, eager=gm)
+    except Exception as exc:
+        if not stage.transformed:
+            raise  # Inductor's own failure on Dynamo's graph (Note: [The backend never raises ...])
+        reason = SkipReason(
+            SkipCode.CGCT_FAILED,
+            f"compiling the graph CGCT produced raised {type(exc).__name__}: {exc}; compiled the "
+            "graph without CGCT",
+        )
+        log_once(reason, "CGCT", logging.WARNING)
+        logger.debug("grace: compile of the CGCT graph failed", exc_info=True)
+        given.note, given.diagnoses = reason, stage.diagnoses
+        return _compile_stage(given, options, eager=gm)
+
+
+def _compile_stage(stage: _Stage, options: GraceOptions, eager: Callable[..., Any]) -> Callable[..., Any]:
+    gm, example_inputs = stage.gm, stage.example_inputs
+    try:
+        graph_hash = torch_compat.graph_code_hash(gm)
+    except Exception as exc:  # a hash only names the graph: any stable text will do
+        logger.debug("grace: hashing the graph failed", exc_info=exc)
+        graph_hash = f"unhashed-{id(gm):x}"
+    facts = _analyse(gm, example_inputs, options)
+    analysis, skip = facts.analysis, facts.analysis.skip
+    pi_prepare, pi_note = _pi_seam(skip, options)
     record = torch_compat.InnerCompileRecord()
     compiled = torch_compat.compile_with_inductor(
         gm, example_inputs, record, need_inner_outputs=pi_prepare is not None
     )
-
+    counted = CountedCallable(compiled)
     plan = RunnerPlan(
         graph_hash=graph_hash,
         device=analysis.device,
         static_indices=analysis.static_indices,
         dynamic_indices=analysis.dynamic_indices,
         scalar_indices=analysis.scalar_indices,
-        mutated_indices=mutated,
+        mutated_indices=facts.mutated,
         skip=skip,
         output_codes=tuple(record.output_codes),
-        input_adapter=adapter,
+        input_adapter=stage.adapter,
         pi_prepare=pi_prepare,
         pi_unavailable=pi_note,
-        random_ops=effects.random_ops,
+        random_ops=facts.random_ops,
     )
-    environment = _environment(analysis.device) if skip is None and analysis.device is not None else None
-    runner = GraceRunner(compiled, plan, options, environment)
+    safe = SafePath(counted, stage.adapter, eager)
+    try:
+        environment = _environment(analysis.device) if skip is None and analysis.device is not None else None
+        runner = GraceRunner(counted, plan, options, environment)
+    except Exception as exc:
+        reason = SkipReason(
+            SkipCode.BACKEND_FAILED, f"building the runner raised {type(exc).__name__}: {exc}"
+        )
+        return GuardedRunner.failed(safe, graph_hash, reason)
     _publish(
         CompiledGraphInfo(
             callable_id=runner.callable_id,
             graph_hash=graph_hash,
-            num_nodes=num_nodes,
+            num_nodes=len(gm.graph.nodes),
             num_inputs=len(example_inputs),
             static_inputs=len(analysis.static_indices),
             dynamic_inputs=len(analysis.dynamic_indices),
             skip=skip,
-            cgct_transformed=cgct_transformed,
-            cgct_note=cgct_note,
+            cgct_transformed=stage.transformed,
+            cgct_note=stage.note,
             pi_note=pi_note,
-            diagnoses=diagnoses,
-            mutated_inputs=mutated,
+            diagnoses=stage.diagnoses,
+            mutated_inputs=facts.mutated,
         )
     )
-    return runner
+    return GuardedRunner(runner, safe)
+
+
+class CountedCallable:
+    """``fn`` counting its calls (a plain counter: another thread's call only makes it more cautious)."""
+
+    __slots__ = ("calls", "fn")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        return self.fn(*args)
+
+
+class SafePath:
+    """One graph without grace's runtime: Inductor's callable on the adapted inputs, or Dynamo's graph
+    run eagerly when the CGCT adapter itself raises."""
+
+    def __init__(
+        self,
+        compiled: CountedCallable,
+        adapter: Callable[[list[Any]], list[Any]] | None,
+        eager: Callable[..., Any],
+    ) -> None:
+        self.compiled = compiled
+        self.adapter = adapter
+        self.eager = eager
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        if self.adapter is None:
+            return self.compiled(*args)
+        try:
+            adapted = self.adapter(list(args))
+        except Exception as exc:
+            reason = SkipReason(SkipCode.RUNNER_FAILED, f"CGCT's adapter raised {type(exc).__name__}: {exc}")
+            log_once(reason, "safe path: the graph as Dynamo traced it, run eagerly", logging.WARNING)
+            return self.eager(*args)
+        return self.compiled(*adapted)
+
+
+class GuardedRunner:
+    """What Dynamo calls for one graph: the grace runner until grace's own code fails during a call,
+    then the safe path (Note: [The backend never raises for its own failures])."""
+
+    def __init__(self, runner: GraceRunner | None, safe: SafePath) -> None:
+        self.runner = runner
+        self.safe = safe
+        self.reason: SkipReason | None = None
+        self.record: grace_stats.GraphStats | None = None
+
+    @classmethod
+    def failed(cls, safe: SafePath, graph_hash: str, reason: SkipReason) -> GuardedRunner:
+        """A guard with no runner: grace failed to build one, every call takes the safe path."""
+        guard = cls(None, safe)
+        guard._fall_back(reason, graph_hash, "none")
+        return guard
+
+    @property
+    def callable_id(self) -> int | None:
+        return self.runner.callable_id if self.runner is not None else None
+
+    def __call__(self, *args: Any) -> Any:
+        runner = self.runner
+        if self.reason is None and runner is not None:
+            before = self.safe.compiled.calls
+            try:
+                return runner(*args)
+            except Exception as exc:
+                return self._after_failure(runner, args, exc, before)
+        if self.record is not None:
+            self.record.calls += 1
+        return self.safe(args)
+
+    def _after_failure(self, runner: GraceRunner, args: Sequence[Any], exc: Exception, before: int) -> Any:
+        if self.safe.compiled.calls != before and _mutates(runner):
+            raise exc  # its side effects may have happened: a second run would apply them twice
+        try:
+            out = self.safe(args)
+        except Exception as again:
+            raise again from None  # the safe path fails as well: the error is the model's, not grace's
+        logger.debug("grace: the runner raised; the safe path did not", exc_info=exc)
+        reason = SkipReason(SkipCode.RUNNER_FAILED, f"{type(exc).__name__}: {exc}")
+        device = str(runner.plan.device) if runner.plan.device is not None else "none"
+        self._fall_back(reason, runner.plan.graph_hash, device, runner.callable_id)
+        try:
+            runner.reset()  # its graphs and pools are not used any more
+        except Exception:
+            logger.debug("grace: releasing the failed runner raised", exc_info=True)
+        if self.record is not None:
+            self.record.calls += 1
+        return out
+
+    def _fall_back(self, reason: SkipReason, graph_hash: str, device: str, callable_id: int = 0) -> None:
+        record = grace_stats.new_record(callable_id, graph_hash, "*", device)
+        record.variant = Variant.NO_GRAPH
+        record.add_skip(reason)
+        self.record, self.reason = record, reason
+        log_once(reason, f"compiled graph {graph_hash}", logging.WARNING)
+
+
+def _mutates(runner: GraceRunner) -> bool:
+    """Whether the runner's callable may mutate its inputs (from the graph or seen at run time)."""
+    return bool(runner.plan.mutated_indices) or any(slot.mutated for slot in list(runner.slots.values()))
 
 
 class GraceBackend:

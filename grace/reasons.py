@@ -49,6 +49,9 @@ class SkipCode(str, enum.Enum):
     TOO_MANY_RECAPTURES = "too_many_recaptures"
     REBIND_DECLINED = "rebind_declined"  # the graph could not follow moved static inputs: re-captured
     OUTPUTS_HELD = "outputs_held"  # a replay within one compiled call would overwrite held outputs
+    # grace's own failures (Note: [The backend never raises for its own failures] in grace.backend)
+    BACKEND_FAILED = "backend_failed"  # grace's code raised while compiling: that part was left out
+    RUNNER_FAILED = "runner_failed"  # grace's code raised during a call: the safe path from then on
     # selective CUDA graphs
     SCG_SLOWER = "scg_slower"
     # CGCT seam

@@ -6,9 +6,9 @@ CPU work in a graph, moves it, and leaves values unchanged, without a GPU.
 
 Design: each workload is traced with fake ``cuda:0`` tensors through a recording Dynamo backend
 (suites/cgct_harness.py). Inside the backend, the devices of every node are taken before
-``grace.cgct.transform`` runs; the transformed graph's devices after it. Where CGCT moves CPU module
-attributes and asks Dynamo to retrace (``TensorifyScalarRestartAnalysis`` on releases that let a
-backend ask), the retrace is the expected outcome and the final graph is the one checked. Values:
+``grace.cgct.transform`` runs; the transformed graph's devices after it. CPU module attributes stay
+where the user put them (the graph reads GPU mirrors; no retrace): a workload that has them must come
+out with one mirror step per attribute and a single trace. Values:
 the traced graph and CGCT's result are both run for real on the CPU with ``cuda:0`` mapped to ``cpu``
 (grace.cgct.verify) and must be bit-identical. Before that, CGCT's graph runs once under a fake-tensor
 mode that refuses real tensors, as AOTAutograd's trace in front of Inductor does: a tensor that a
@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_flatten
 
 from grace import cgct
 from grace.cgct import verify
+from grace.cgct.adapter import MirrorStep
 from grace.cgct.reasons import Diagnosis, Effect, ReasonCode
 from grace.compat import dynamo as compat
 from suites.cgct_harness import (
@@ -98,7 +99,7 @@ class Case:
     build: Callable[[Twins], tuple[Callable[..., Any], list[Any]]]
     code: tuple[Any, ...]
     dynamo_config: dict[str, Any] = field(default_factory=dict)
-    moves_attributes: bool = False
+    mirrors_attributes: bool = False
     leaves_host_read: bool = False
     indexes_fake_cuda: bool = False  # a real model: needs fake_cuda_indexing_unsupported() to be None
 
@@ -145,7 +146,7 @@ def _item(twins: Twins) -> tuple[Callable[..., Any], list[Any]]:
 CASES = (
     Case("cgct_cpu_scalars", _scalars, (ScaledLinear,)),
     Case("cgct_position_ids", _positions, (position_ids,)),
-    Case("cgct_detection_anchors", _anchors, (Detector,), moves_attributes=True),
+    Case("cgct_detection_anchors", _anchors, (Detector,), mirrors_attributes=True),
     Case("cgct_cpu_input_copy", _input_copy, (masked,)),
     Case(
         "cgct_item_left_alone",
@@ -270,7 +271,6 @@ def run_case(case: Case) -> Outcome:
         return Outcome(CorrectnessStatus.SKIP, reason)
     if case.indexes_fake_cuda and (reason := fake_cuda_indexing_unsupported()) is not None:
         return Outcome(CorrectnessStatus.SKIP, reason)
-    cgct.reset_moved_registry()
     twins = Twins(FakeTensorMode(allow_non_fake_inputs=True))
     restart = compat.restart_exception_type()
     traced: list[Traced] = []
@@ -299,8 +299,6 @@ def run_case(case: Case) -> Outcome:
             _one_line(error),
             details={"traceback_tail": traceback.format_exc().splitlines()[-3:]},
         )
-    finally:
-        cgct.reset_moved_registry()
 
 
 def _check(case: Case, graphs: list[Capture], traced: list[Traced], twins: Twins) -> Outcome:
@@ -386,8 +384,10 @@ def _expectations(
     if cpu_after:
         problems.append(f"CPU nodes left after CGCT: {', '.join(sorted(cpu_after))}")
     restarted = any(t.restarted for t in traced)
-    if case.moves_attributes and compat.restart_exception_type() is not None and not restarted:
-        problems.append("CGCT did not move the CPU attributes (no retrace requested)")
+    steps = result.input_adapter.steps if result.input_adapter is not None else []
+    mirrors = [s for s in steps if isinstance(s, MirrorStep)]
+    if case.mirrors_attributes and (restarted or not mirrors):
+        problems.append("CGCT did not mirror the CPU attributes (they must stay as the user left them)")
     if len(graphs) != 1 + sum(t.restarted for t in traced):
         problems.append(f"Dynamo made {len(graphs)} graphs for {len(traced)} traces")
     return problems

@@ -121,7 +121,7 @@ class _FakeResult:
     diagnoses: list[Any] = field(default_factory=list)
 
 
-def test_cgct_seam_transform_adapter_and_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cgct_seam_transform_and_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"transform": 0, "adapter": 0}
 
     def adapter(args: list[Any]) -> list[Any]:
@@ -130,8 +130,6 @@ def test_cgct_seam_transform_adapter_and_restart(monkeypatch: pytest.MonkeyPatch
 
     def transform(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> _FakeResult:
         calls["transform"] += 1
-        if calls["transform"] == 1:
-            raise torch._dynamo.exc.RestartAnalysis("moved attributes")
         return _FakeResult(gm, example_inputs, adapter, diagnoses=["diag"])
 
     fake = types.ModuleType("grace.cgct")
@@ -143,7 +141,7 @@ def test_cgct_seam_transform_adapter_and_restart(monkeypatch: pytest.MonkeyPatch
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
         compiled(x)
-    assert calls["transform"] >= 2
+    assert calls["transform"] == 1
     assert calls["adapter"] == 2
 
 

@@ -20,7 +20,6 @@ from grace.compat import dynamo as compat
 
 @pytest.fixture
 def twins() -> Twins:
-    cgct.reset_moved_registry()
     return Twins(FakeTensorMode(allow_non_fake_inputs=True))
 
 

@@ -28,7 +28,6 @@ from grace import cgct
 from grace.cgct import verify
 from grace.cgct.adapter import HoistStep, MirrorStep
 from grace.cgct.reasons import ReasonCode
-from grace.compat import dynamo as compat
 from suites.cgct_models import Detector, position_ids
 
 CPU_CODES = {ReasonCode.CPU_DEVICE, ReasonCode.PARTITION_SPLIT_CPU_OP}
@@ -36,7 +35,6 @@ CPU_CODES = {ReasonCode.CPU_DEVICE, ReasonCode.PARTITION_SPLIT_CPU_OP}
 
 @pytest.fixture
 def twins() -> Twins:
-    cgct.reset_moved_registry()
     return Twins(FakeTensorMode(allow_non_fake_inputs=True))
 
 
@@ -117,7 +115,7 @@ def test_position_ids_dynamic_shapes_get_a_device_argument(twins: Twins) -> None
 def test_cpu_attributes_mirrored(twins: Twins) -> None:
     fake = twins.module(Detector(), cpu_attributes=["anchors", "scale", "grids"])
     (graph,) = capture(fake, twins.inputs(torch.randn(4, 4)), twins.mode)
-    result, before, after = _transform_and_check(graph, twins, attribute_policy=cgct.AttributePolicy.MIRROR)
+    result, before, after = _transform_and_check(graph, twins)
     assert len(before) >= 4 and after == set()
     assert result.input_adapter is not None
     steps = result.input_adapter.steps
@@ -125,30 +123,6 @@ def test_cpu_attributes_mirrored(twins: Twins) -> None:
     assert fake.anchors.device.type == "cpu", "mirroring must leave the user's module alone"
     codes = {d.code for d in result.diagnoses if d.transformed}
     assert codes == {ReasonCode.CPU_ATTRIBUTE}
-
-
-@pytest.mark.skipif(
-    compat.restart_exception_type() is None, reason="this torch lets no backend ask for a retrace"
-)
-def test_cpu_attributes_moved_and_retraced_once(twins: Twins) -> None:
-    fake = twins.module(Detector(), cpu_attributes=["anchors", "scale", "grids"])
-    x = twins.inputs(torch.randn(4, 4))
-    graphs = capture(fake, x, twins.mode, on_graph=cgct.transform)
-    assert len(graphs) == 2, "the first graph asks Dynamo to retrace, the second is final"
-    assert graphs[0].result is None
-    assert fake.anchors.device.type == "cuda" and fake.scale.device.type == "cuda"
-    assert all(g.device.type == "cuda" for g in fake.grids)
-    final = graphs[1]
-    assert _cpu_nodes(final.gm, final.example_inputs) == set()
-    assert set(cgct.transforms.attributes.moved_sources().values()) == {1}
-    # The attribute comes back to the CPU: CGCT mirrors it instead of moving it again (no loop).
-    compat.relocate_tensor(fake.anchors, torch.device("cpu"))
-    graphs = capture(fake, x, twins.mode, on_graph=cgct.transform)
-    assert len(graphs) == 1
-    result = graphs[0].result
-    assert result.input_adapter is not None
-    assert any(isinstance(s, MirrorStep) for s in result.input_adapter.steps)
-    assert fake.anchors.device.type == "cpu"
 
 
 def test_mutated_copy_of_attribute_stays_a_copy(twins: Twins) -> None:
@@ -164,7 +138,7 @@ def test_mutated_copy_of_attribute_stays_a_copy(twins: Twins) -> None:
 
     fake = twins.module(Model(), cpu_attributes=["table"])
     (graph,) = capture(fake, twins.inputs(torch.randn(4)), twins.mode)
-    result, _, after = _transform_and_check(graph, twins, attribute_policy=cgct.AttributePolicy.MIRROR)
+    result, _, after = _transform_and_check(graph, twins)
     assert after == set()
     assert any(n.target is torch.clone for n in result.gm.graph.nodes)
 

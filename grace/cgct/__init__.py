@@ -6,7 +6,8 @@ Public API (used by grace.backend):
   CUDA graphs for this graph on the running torch and configuration, with node and source line.
 - ``transform(gm, example_inputs) -> CGCTResult``: the rewritten graph, its example inputs, the input
   adapter to apply to real inputs before each call (or None), and the diagnoses (``transformed`` says
-  which ones CGCT fixed). May raise Dynamo's retrace request after moving CPU module attributes.
+  which ones CGCT fixed). The user's objects are never changed: CPU module attributes stay on the
+  CPU and the graph reads GPU mirrors of them.
 
 Modules: ``analysis`` (fake run, facts per node), ``plan`` (what may move), ``diagnose``,
 ``transforms/*`` (one rewrite each), ``adapter`` (work done in front of the graph), ``pipeline``
@@ -16,22 +17,20 @@ Modules: ``analysis`` (fake run, facts per node), ``plan`` (what may move), ``di
 
 from __future__ import annotations
 
-from grace.cgct.adapter import HoistStep, InputAdapter, MirrorStep
+from grace.cgct.adapter import HoistStep, InputAdapter, MirrorStep, MirrorSync
 from grace.cgct.diagnose import diagnose
 from grace.cgct.pipeline import CGCTResult, transform
 from grace.cgct.reasons import Diagnosis, Effect, ReasonCode
-from grace.cgct.transforms.attributes import AttributePolicy, reset_moved_registry
 
 __all__ = [
-    "AttributePolicy",
     "CGCTResult",
     "Diagnosis",
     "Effect",
     "HoistStep",
     "InputAdapter",
     "MirrorStep",
+    "MirrorSync",
     "ReasonCode",
     "diagnose",
-    "reset_moved_registry",
     "transform",
 ]

@@ -3,17 +3,17 @@
 Problem: make a graph capturable whole where Inductor would refuse or split it, without changing what
 it computes, and say precisely what was done and what was left.
 
-Design: analyse (fake run) -> plan (which CPU nodes move) -> possibly move CPU module attributes for
-good and ask Dynamo to retrace (grace.cgct.transforms.attributes) -> on a clone of the graph: fold
-constants, place factories, hoist inputs, mirror attributes, settle the border, fix metadata ->
+Design: analyse (fake run) -> plan (which CPU nodes move) -> on a clone of the graph: fold
+constants, place factories, hoist inputs, mirror attributes (the user's tensors stay as they are,
+grace.cgct.transforms.attributes), settle the border, fix metadata ->
 check the result by analysing it again. The check compares every output's device, shape and dtype
 with the original's and requires that no CPU node remains except the ones the plan kept; if it
 fails, or any step raises, the original graph is returned untouched with a ``transform_rejected``
 diagnosis. Nothing here falls back silently.
 
-Invariants: the caller's graph module is never modified (CGCT works on a clone); the only exception
-that escapes is Dynamo's retrace request, raised after attributes moved; the result's example inputs
-are the adapter applied to the given ones, so they match the transformed graph's placeholders.
+Invariants: the caller's graph module and the user's tensors are never modified (CGCT works on a
+clone and mirrors attributes); the result's example inputs are the adapter applied to the given ones,
+so they match the transformed graph's placeholders.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from grace.cgct.analysis import GraphFacts, analyze
 from grace.cgct.diagnose import collect, target_device
 from grace.cgct.plan import Plan, plan
 from grace.cgct.reasons import Diagnosis, Effect, ReasonCode
-from grace.cgct.transforms.attributes import AttributePolicy, mirror_attributes, move_and_retrace
+from grace.cgct.transforms.attributes import mirror_attributes
 from grace.cgct.transforms.border import retarget_metadata, settle_border
 from grace.cgct.transforms.constants import fold_constants, place_factories
 from grace.cgct.transforms.inputs import hoist_inputs
@@ -54,17 +54,8 @@ class CGCTResult:
         return any(d.transformed for d in self.diagnoses)
 
 
-def transform(
-    gm: torch.fx.GraphModule,
-    example_inputs: Sequence[Any],
-    *,
-    attribute_policy: AttributePolicy = AttributePolicy.MOVE,
-) -> CGCTResult:
-    """Rewrite ``gm`` so that CPU work that only feeds the GPU runs on the GPU or before the graph.
-
-    May raise Dynamo's retrace request (a ``torch._dynamo.exc.RestartAnalysis``) after moving CPU
-    module attributes to the GPU; each attribute source is moved at most once per process.
-    """
+def transform(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CGCTResult:
+    """Rewrite ``gm`` so that CPU work that only feeds the GPU runs on the GPU or before the graph."""
     inputs = list(example_inputs)
     try:
         facts = analyze(gm, inputs)
@@ -77,8 +68,6 @@ def transform(
     relocation = plan(gm, facts, target, inputs)
     if not relocation.actions:
         return CGCTResult(gm, inputs, None, collect(gm, inputs, facts, relocation))
-
-    move_and_retrace(gm, relocation, inputs, attribute_policy)
 
     try:
         clone, adapter, fixed = _rewrite(gm, relocation, facts, inputs)

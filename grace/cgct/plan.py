@@ -16,7 +16,7 @@ copies at that border (``.to(device)`` of a moved value) become no-ops.
 Invariants: a planned graph returns outputs on the same devices with the same dtypes and shapes;
 only ops in ``grace.cgct.ops`` exact tables run on the GPU instead of the CPU; constants are computed
 by the same CPU code as before and copied once. Note [Aliasing at the border]: a border copy of a
-shared tensor (a moved attribute, a folded constant) would alias it once the copy is a no-op, so it
+shared tensor (a mirrored attribute, a folded constant) would alias it once the copy is a no-op, so it
 stays a real copy (a clone) when its result is mutated or returned.
 """
 
@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from grace.cgct import ops
+from grace.cgct.adapter import mirror_unsupported
 from grace.cgct.analysis import GraphFacts, NodeFacts
 from grace.compat import dynamo as compat
 
@@ -45,7 +46,7 @@ class Action(str, enum.Enum):
     HOIST = "hoist"
     """A CPU input of the graph: copied to the GPU by the input adapter before each call."""
     ATTRIBUTE = "attribute"
-    """A CPU module attribute: moved to the GPU for good (and Dynamo retraces) or mirrored there."""
+    """A CPU module attribute: left on the CPU; the graph reads a GPU mirror kept equal to it."""
 
 
 @dataclass
@@ -122,6 +123,9 @@ def _initial_action(
             )
         if record.mutated_later:
             return "the graph updates this CPU attribute in place"
+        why_not = mirror_unsupported(example)
+        if why_not:
+            return f"no GPU mirror can follow this CPU attribute: {why_not}"
         return Action.ATTRIBUTE
     if not record.ran:
         return f"could not be analysed ({record.error})"

@@ -291,7 +291,8 @@ def mark_static_input(node: torch.fx.Node, tensor: torch.Tensor) -> None:
     """Tell Dynamo/AOT that a placeholder holds a tensor with a stable address (no copy per replay)."""
     tensor_dict = node.meta.get("tensor_dict")
     if isinstance(tensor_dict, dict):
-        tensor_dict["_dynamo_static_input_type"] = "unguarded"
+        # A copy: a cloned graph shares its nodes' meta dicts with the graph Dynamo gave.
+        node.meta["tensor_dict"] = {**tensor_dict, "_dynamo_static_input_type": "unguarded"}
     with contextlib.suppress(Exception):
         torch._dynamo.mark_static_address(tensor, guard=False)
 

@@ -135,7 +135,7 @@ def cgct_inductor_backend(diagnoses: list[str]) -> Callable[..., Any]:
     from torch._inductor.compile_fx import compile_fx
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        result = cgct.transform(gm, example_inputs)  # may ask Dynamo to retrace: let it through
+        result = cgct.transform(gm, example_inputs)
         diagnoses.extend(d.describe() for d in result.diagnoses)
         compiled = compile_fx(result.gm, result.example_inputs, config_patches={"triton.cudagraphs": True})
         adapter = result.input_adapter
@@ -231,7 +231,6 @@ def latency_ms(fn: Callable[[], Any], iters: int) -> list[float]:
 
 def run_one(workload: str, mode: str, iters: int) -> dict[str, Any]:
     torch._dynamo.reset()
-    cgct.reset_moved_registry()
     counters.clear()
     model, inputs = make_workload(workload)
     with torch.no_grad():

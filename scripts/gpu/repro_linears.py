@@ -1,7 +1,7 @@
 """Repeat the ``linears_cpu_scalar`` capture test many times to catch a nondeterministic wrong result.
 
-The model: 8 x Linear(256) whose outputs are scaled by 0-d CPU tensor attributes (CGCT moves them to
-the GPU for good and asks Dynamo to retrace). Each trial compiles afresh (``torch._dynamo.reset``,
+The model: 8 x Linear(256) whose outputs are scaled by 0-d CPU tensor attributes (they stay on the
+CPU; CGCT gives the graph GPU mirrors of them). Each trial compiles afresh (``torch._dynamo.reset``,
 ``grace.reset``, a new model with CPU scales) and runs the call sequence of
 ``tests/test_capture_gpu.py::_check_model`` (same inputs 4 times, moved copy, new values, steady calls,
 shape change, back), comparing every call with eager. Between calls it allocates and frees tensors of

@@ -3,7 +3,7 @@
 - ``constants``: constant CPU subgraphs (``torch.tensor(0.5)``, ``torch.arange(8)``, numpy scalars)
   computed once and kept on the GPU; factories with symbolic arguments given ``device=<gpu>``.
 - ``inputs``: CPU inputs copied to the GPU by the input adapter instead of inside the graph.
-- ``attributes``: CPU module attributes moved to the GPU for good (Dynamo retraces) or mirrored.
+- ``attributes``: CPU module attributes left as they are; the graph reads GPU mirrors of them.
 - ``border``: copies at the border of moved work become no-ops (or clones, Note [Aliasing at the
   border]); fake-tensor metadata of every moved node is put on the GPU.
 

@@ -2,7 +2,7 @@
 
 Problem: once CPU work moved to the GPU, the ``.to(device)`` that used to copy its result is a
 same-device ``to``: a no-op returning its input. Left in place it is harmless, but it aliases the
-input, which matters when the input is shared across calls (a moved attribute, a folded constant)
+input, which matters when the input is shared across calls (a mirrored attribute, a folded constant)
 and the copy's result is mutated or returned. And every moved node still carries CPU fake values in
 its metadata, which Inductor's passes read.
 
