@@ -278,7 +278,7 @@ def out_variant(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tens
 @pytest.mark.parametrize(
     "fn,written",
     [(foreach_step, {"a", "b"}), (custom_op_step, {"a"}), (through_a_view, {"a"}), (out_variant, {"c"})],
-    ids=lambda v: getattr(v, "__name__", str(v)),
+    ids=lambda v: getattr(v, "__name__", None) or "-".join(sorted(map(str, v))),
 )
 def test_the_backend_publishes_the_inputs_each_graph_writes(fn: Any, written: set[str]) -> None:
     from grace.backend import collect_compiled_graphs, stop_collecting
