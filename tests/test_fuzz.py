@@ -407,3 +407,91 @@ def test_the_dashboard_shows_fuzz_counts_and_failing_schedules_escaped(tmp_path:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
     assert "python -m suites.fuzz --seed 0 --case 0 --device cpu" in page
     assert 'href="fuzz.html"' in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_the_dashboard_and_the_settings_need_no_torch() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    modules = "dashboards.site, dashboards.fuzz, suites.fuzz.settings"
+    code = f"import sys, {modules}; assert 'torch' not in sys.modules"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)}, check=True)
+
+
+# -- on a GPU: one schedule per class of wrong result the fuzzer exists to find -----------------------
+# Each runs grace (torch.compile(backend="grace")) against eager, float64, every call compared; a class
+# that grace gets wrong shows as mismatches (listed in the assertion message with the replay data).
+
+
+def _gpu_cases() -> dict[str, Case]:
+    pure = _spec(("v0 = torch.tanh(self.lin0(x0))", "v1 = v0 * 2.0 + x0.sum(1, keepdim=True)"),
+                 ("v0", "v1"), linears=((4, 4),))  # fmt: skip
+    foreach = _spec(("torch._foreach_add_([x0, x1], 1.5)", "v0 = x0 * x1 + 1.0"), ("v0",),
+                    inputs=(("x0", 4), ("x1", 4)), mutated_inputs=("x0", "x1"))  # fmt: skip
+    attributes = _spec(("v0 = x0 * self.cpu0", "v1 = v0 + self.cpu1.to(v0.device)"), ("v1",),
+                       cpu_attributes=(None, 4))  # fmt: skip
+    scalars = _spec(("v0 = x0 * s0 + s1", "v1 = v0 * s0"), ("v0", "v1"),
+                    inputs=(("x0", 4), ("s0", None), ("s1", None)))  # fmt: skip
+    noisy = _spec(("v0 = x0 * torch.rand_like(x0)", "v1 = torch.nn.functional.dropout(v0, 0.5, True)"),
+                  ("v1",), random_ops=True)  # fmt: skip
+
+    def calls(n: int, start: int = 1, **kw: Any) -> tuple[Step, ...]:
+        return _calls(*(_call(start + i, placement="view" if i % 2 else "fresh", **kw) for i in range(n)))
+
+    def fresh2(seed: int) -> CallSpec:
+        return CallSpec(5, ("fresh", "fresh"), seed)
+
+    def case(model: ModelSpec, steps: tuple[Step, ...], grad_mode: str = "no_grad", **options: Any) -> Case:
+        opts = {"persist_decisions": False, **options}
+        return Case(0, 0, "gpu", tuple(sorted(opts.items())), model, Schedule(grad_mode, steps))
+
+    concurrent = tuple(Step("concurrent", (_call(2 * i), _call(2 * i + 1))) for i in range(1, 31))
+    streams = tuple(Step("stream", (_call(2 * i, hold=True), _call(2 * i + 1))) for i in range(1, 9))
+    shapes = (
+        Step("call", (_call(1, rows=4, hold=True),)),
+        *(Step("call", (_call(2 + i, rows=r),)) for i, r in enumerate((5, 6, 7, 5, 6, 7))),
+    )
+    write = (*calls(3), Step("write_attribute", attribute="cpu1", factor=2.0), *calls(3, start=9))
+    return {
+        "mutation_foreach_inference_mode": case(
+            foreach, tuple(Step("call", (fresh2(i),)) for i in range(8)), "inference_mode", warmup_calls=0
+        ),
+        "mutation_foreach_no_grad": case(
+            foreach, tuple(Step("call", (fresh2(i),)) for i in range(8)), warmup_calls=0
+        ),
+        "two_threads": case(pure, (*calls(2), *concurrent), clone_outputs=True, scg=False),
+        "two_streams": case(pure, (*calls(2), *streams), scg=False),
+        "cpu_attributes_stay_and_follow_writes": case(attributes, write),
+        "held_output_past_the_graph_bound": case(pure, shapes, max_graphs_per_callable=2),
+        "several_cpu_tensor_inputs": case(scalars, calls(6)),
+        "seeded_random_ops": case(noisy, calls(6, manual_seed=1234)),
+    }
+
+
+def test_the_gpu_schedules_are_valid_and_pass_against_the_model_itself() -> None:
+    for name, case in _gpu_cases().items():
+        result = _run(case, honest)
+        assert result.eager_error is None and not result.mismatches, name
+        assert result.calls == case.schedule.calls, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(_gpu_cases()))
+def test_each_class_of_wrong_result_on_the_gpu(name: str) -> None:
+    from suites.fuzz.execute import grace_compiler
+    from suites.fuzz.session import fuzz_environment
+    from suites.modes import reset_compilers
+
+    case = _gpu_cases()[name]
+    device = torch.device("cuda")
+    reset_compilers()
+    try:
+        with fuzz_environment(SETTINGS):
+            result = run_case(case, grace_compiler, device, SETTINGS)
+    finally:
+        reset_compilers()
+    assert result.eager_error is None, result.eager_error
+    assert result.calls == case.schedule.calls
+    assert not result.mismatches, json.dumps([m.to_dict() for m in result.mismatches], indent=1)

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for result in summary.failures:
         _print_result(result, device.type, args.show)
+    for result in summary.invalid:
+        print(f"invalid case {result.case.index}: eager raised {result.eager_error}")
     return 1 if summary.failed_cases or summary.invalid_cases else 0
 
 

@@ -160,7 +160,11 @@ def _unary(b: _Builder) -> None:
 
 def _binary(b: _Builder) -> None:
     a = b.tensor()
-    b.new(b.rng.choice(_BINARY).format(a=a.name, b=b.partner(a)), a.rows, a.cols, "elementwise")
+    partner = b.partner(a)
+    expr = b.rng.choice(_BINARY)
+    if "where" in expr and partner.startswith("s"):  # a CPU scalar tensor input: keep to arithmetic
+        expr = _BINARY[0]
+    b.new(expr.format(a=a.name, b=partner), a.rows, a.cols, "elementwise")
 
 
 def _linear(b: _Builder) -> None:

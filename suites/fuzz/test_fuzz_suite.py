@@ -4,11 +4,13 @@ Run: ``pytest suites/fuzz -m fuzz`` (deadline from suites/fuzz/fuzz.toml per dev
 ``GRACE_FUZZ_SECONDS``; base seed from the file or ``GRACE_FUZZ_SEED``). It runs where the grace mode of
 the device is selected (``--modes``): ``grace`` on CUDA (the graph paths), ``grace-cpu`` without (the
 no-graph path). One ``CorrectnessRecord`` of workload ``fuzz`` carries the counts and the failing
-schedules (suites/fuzz/recording.py); the test fails after recording when a case differs from eager.
+schedules (suites/fuzz/recording.py); the test fails after recording when a case differs from eager
+(a case where eager itself raises is invalid: counted, kept in the record and warned about).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -45,15 +47,13 @@ def test_fuzz(suite_options: SuiteOptions, grace_record: Callable[[Record], None
         pytest.skip(reason)
     summary = fuzz(load_settings(), device)
     grace_record(to_record(summary, mode.value, suite_options.tier))
-    if summary.failed_cases or summary.invalid_cases:
-        counts = f"{summary.failed_cases} of {summary.cases} cases differ from eager"
-        lines = [f"{counts}, {summary.invalid_cases} invalid (eager failed: a generator bug)"]
-        for result in (*summary.failures, *summary.invalid):
-            first = result.mismatches[0] if result.mismatches else None
-            what = (
-                f"call {first.call} {first.where}: {first.kind}: {first.detail}"
-                if first
-                else result.eager_error
-            )
+    if summary.invalid_cases:  # eager itself raised: a generator bug, recorded, not a grace failure
+        message = f"{summary.invalid_cases} fuzz cases were invalid (eager raised); see the record"
+        warnings.warn(message, stacklevel=1)
+    if summary.failed_cases:
+        lines = [f"{summary.failed_cases} of {summary.cases} cases differ from eager"]
+        for result in summary.failures:
+            first = result.mismatches[0]
+            what = f"call {first.call} {first.where}: {first.kind}: {first.detail}"
             lines.append(f"  {replay_command(result, device.type)}  # {what}")
         pytest.fail("\n".join(lines), pytrace=False)
