@@ -354,6 +354,15 @@ def test_fuzz_runs_cases_until_the_deadline_or_the_count() -> None:
     assert summary.calls >= 12 and sum(summary.profiles.values()) == 3
 
 
+def test_a_case_that_raises_outside_its_calls_fails_alone() -> None:
+    def broken(module: torch.nn.Module, options: dict[str, Any]) -> Callable[..., Any]:
+        raise RuntimeError("cannot compile")
+
+    summary = fuzz(SETTINGS, CPU, compiler=broken, deadline_s=60.0, max_cases=2, reset=lambda: None)
+    assert (summary.cases, summary.failed_cases) == (2, 2)
+    assert summary.failures[0].mismatches[0].detail == "RuntimeError: cannot compile"
+
+
 def test_known_failures_are_recorded_apart_and_do_not_fail() -> None:
     failing = [_run(make_case(SETTINGS, 0, i, "cpu"), perturbing) for i in range(2)]
     settings = SETTINGS.__class__(**{**SETTINGS.__dict__, "known": (Known(0, 1, "cpu", "issue 99"),)})
@@ -449,10 +458,10 @@ def _gpu_cases() -> dict[str, Case]:
 
     concurrent = tuple(Step("concurrent", (_call(2 * i), _call(2 * i + 1))) for i in range(1, 31))
     streams = tuple(Step("stream", (_call(2 * i, hold=True), _call(2 * i + 1))) for i in range(1, 9))
-    shapes = (
-        Step("call", (_call(1, rows=4, hold=True),)),
-        *(Step("call", (_call(2 + i, rows=r),)) for i, r in enumerate((5, 6, 7, 5, 6, 7))),
-    )
+    # Rows 4 compile a static graph, 5 on the dynamic one; the output held from rows 5 must outlive the
+    # eviction of its graph (bound 2) by rows 6 and 7, and the one held from rows 6 that of rows 7 and 4.
+    rows = ((4, False), (5, True), (6, False), (7, False), (6, True), (7, False), (4, False), (5, False))
+    shapes = tuple(Step("call", (_call(1 + i, rows=r, hold=h),)) for i, (r, h) in enumerate(rows))
     write = (*calls(3), Step("write_attribute", attribute="cpu1", factor=2.0), *calls(3, start=9))
     return {
         "mutation_foreach_inference_mode": case(

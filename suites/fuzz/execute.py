@@ -86,6 +86,7 @@ def make_case(
         max_held=settings.limits.max_held,
         clone_outputs=bool(options.get("clone_outputs", False)),
         cuda=device_type == "cuda",
+        graph_bound=options.get("max_graphs_per_callable"),
     )
     return Case(base_seed, index, chosen.name, tuple(sorted(options.items())), model, schedule)
 

@@ -178,7 +178,10 @@ def _linear(b: _Builder) -> None:
 
 def _reduce(b: _Builder) -> None:
     a = b.tensor()
-    choices = [("{a}.amax(1, keepdim=True)", a.rows, 1), ("{a}.mean(1, keepdim=True)", a.rows, 1)]
+    choices: list[tuple[str, int | None, int | None]] = [
+        ("{a}.amax(1, keepdim=True)", a.rows, 1),
+        ("{a}.mean(1, keepdim=True)", a.rows, 1),
+    ]
     if a.rows is not None:
         choices += [("{a}.sum(0, keepdim=True)", None, a.cols), ("torch.cumsum({a}, 0)", a.rows, a.cols)]
     expr, rows, cols = b.rng.choice(choices)
@@ -188,7 +191,7 @@ def _reduce(b: _Builder) -> None:
 def _slice(b: _Builder) -> None:
     a = b.tensor()
     assert a.cols is not None
-    options = []
+    options: list[tuple[str, int | None, int]] = []
     if a.rows is not None and a.rows < MAX_ROW_OFFSET:
         options += [(f"{a.name}[1:]", a.rows + 1, a.cols), (f"{a.name}[:-1]", a.rows + 1, a.cols)]
     if a.cols >= 2:
@@ -344,8 +347,8 @@ def build_module(spec: ModelSpec, device: torch.device) -> torch.nn.Module:
         module.register_buffer(
             f"buf{i}", (torch.rand(cols, generator=generator, dtype=dtype) + 0.5).to(device)
         )
-    for i, cols in enumerate(spec.cpu_attributes):
-        shape = () if cols is None else (cols,)
+    for i, size in enumerate(spec.cpu_attributes):
+        shape = () if size is None else (size,)
         setattr(
             module, f"cpu{i}", torch.rand(shape, generator=generator, dtype=dtype) + 0.5
         )  # stays on the CPU

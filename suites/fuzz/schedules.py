@@ -134,13 +134,17 @@ def generate_schedule(
     max_held: int,
     clone_outputs: bool,
     cuda: bool,
+    graph_bound: int | None = None,
 ) -> Schedule:
     """Draw a schedule for ``model`` (module docstring). ``clone_outputs``: whether the options under
-    test promise held outputs; ``cuda``: whether stream steps can run."""
+    test promise held outputs; ``cuda``: whether stream steps can run; ``graph_bound``: the options'
+    ``max_graphs_per_callable`` when it is small enough for the row counts to pass it."""
     grad_mode = rng.choices(list(GradMode), [4, 4, 2])[0].value
     rows_pool = [rng.choice(ROW_CHOICES)]
-    if rng.random() < 0.35:  # shape changes: up to every row count, past a small max_graphs_per_callable
-        rows_pool = rng.sample(ROW_CHOICES, rng.randint(2, len(ROW_CHOICES)))
+    bounded = graph_bound is not None and graph_bound < len(ROW_CHOICES)
+    if rng.random() < (0.8 if bounded else 0.35):  # shape changes: up to every row count
+        fewest = min(len(ROW_CHOICES), graph_bound + 2) if bounded and graph_bound else 2
+        rows_pool = rng.sample(ROW_CHOICES, rng.randint(fewest, len(ROW_CHOICES)))
     # Per input, the extra columns of the buffers its views live in: fixed for the case, so views have
     # one stride pattern (each new pattern is a recompile, which costs seconds and tests nothing new).
     pads = tuple(rng.choice((0, 0, 0, 3)) for _, cols in model.inputs if cols is not None)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from suites.fuzz.execute import CaseResult, Compiler, grace_compiler, make_case, run_case
+from suites.fuzz.compare import Mismatch, MismatchKind
+from suites.fuzz.execute import Case, CaseResult, Compiler, grace_compiler, make_case, run_case
 from suites.fuzz.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def fuzz(
         while time.monotonic() - started < deadline and (max_cases is None or len(results) < max_cases):
             reset()
             case = make_case(settings, seed, index, device.type)
-            result = run_case(case, compiler, device, settings)
+            result = _run_guarded(case, compiler, device, settings)
             results.append(result)
             if result.failed:
                 logger.warning(
@@ -110,6 +111,17 @@ def fuzz(
             index += 1
         reset()
     return summarize(settings, results, seed, device.type, deadline, time.monotonic() - started, first_case)
+
+
+def _run_guarded(case: Case, compiler: Compiler, device: torch.device, settings: Settings) -> CaseResult:
+    """``run_case``; an exception outside the calls (building the case, compiling it) fails the case
+    instead of ending the run, so the cases after it still run and the record still gets written."""
+    try:
+        return run_case(case, compiler, device, settings)
+    except Exception as exc:
+        logger.exception("fuzz case %d of seed %d raised outside its calls", case.index, case.base_seed)
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return CaseResult(case, 0, (Mismatch(-1, "case", MismatchKind.EXCEPTION.value, detail),))
 
 
 def summarize(
