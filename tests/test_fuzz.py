@@ -443,7 +443,7 @@ def _gpu_cases() -> dict[str, Case]:
                        cpu_attributes=(None, 4))  # fmt: skip
     scalars = _spec(("v0 = x0 * s0 + s1", "v1 = v0 * s0"), ("v0", "v1"),
                     inputs=(("x0", 4), ("s0", None), ("s1", None)))  # fmt: skip
-    noisy = _spec(("v0 = x0 * torch.rand_like(x0)", "v1 = torch.nn.functional.dropout(v0, 0.5, True)"),
+    noisy = _spec(("v0 = x0 * torch.rand_like(x0)", "v1 = v0 * (torch.randn_like(v0) > 0.0)"),
                   ("v1",), random_ops=True)  # fmt: skip
 
     def calls(n: int, start: int = 1, **kw: Any) -> tuple[Step, ...]:

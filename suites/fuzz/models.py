@@ -238,7 +238,7 @@ def _random(b: _Builder) -> None:
     expr = b.rng.choice(
         (
             "{a} * torch.rand_like({a})",
-            "torch.nn.functional.dropout({a}, 0.5, training=True)",
+            "{a} * (torch.rand_like({a}) > 0.5)",  # a dropout mask (F.dropout's CUDA kernel draws otherwise)
             "{a} + torch.randn_like({a})",
         )
     )
