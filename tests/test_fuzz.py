@@ -26,7 +26,7 @@ from matrix.regressions.thresholds import Thresholds  # noqa: E402
 from matrix.store.db import open_store  # noqa: E402
 from matrix.store.models import CorrectnessResult, Run, Workload  # noqa: E402
 from suites.fuzz.compare import MismatchKind, compare  # noqa: E402
-from suites.fuzz.execute import Case, CaseResult, make_case, run_case  # noqa: E402
+from suites.fuzz.execute import Case, CaseResult, make_case, make_cases, run_case  # noqa: E402
 from suites.fuzz.models import ModelSpec, build_module  # noqa: E402
 from suites.fuzz.recording import to_record  # noqa: E402
 from suites.fuzz.schedules import CallSpec, Schedule, Step  # noqa: E402
@@ -90,7 +90,8 @@ MUTATE = _spec(("x0.add_(1.0)", "v0 = x0 * 2.0"), ("v0",), mutated_inputs=("x0",
 
 def test_settings_load_and_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SETTINGS.deadline_for("cpu") > 0 and SETTINGS.profiles
-    assert SETTINGS.profile_for(len(SETTINGS.profiles)) == SETTINGS.profiles[0]
+    per_case = SETTINGS.profiles_per_case["cpu"]
+    assert SETTINGS.profiles_for(1, "cpu") == SETTINGS.profiles[per_case : 2 * per_case]
     monkeypatch.setenv("GRACE_FUZZ_SECONDS", "3")
     monkeypatch.setenv("GRACE_FUZZ_SEED", "11")
     overridden = load_settings()
@@ -119,6 +120,17 @@ def test_cases_are_deterministic_and_round_trip_through_json() -> None:
     data = json.loads(json.dumps(first.to_dict()))
     assert Schedule.from_dict(data["schedule"]) == first.schedule
     assert data["model"]["source"] == first.model.source
+
+
+def test_a_case_runs_one_model_and_schedule_under_each_of_its_profiles() -> None:
+    cases = make_cases(SETTINGS, 0, 1, "cpu")
+    assert [c.profile for c in cases] == [p.name for p in SETTINGS.profiles_for(1, "cpu")]
+    assert len(cases) > 1 and len({(c.model, c.schedule) for c in cases}) == 1
+    assert len({c.options for c in cases}) == len(cases)
+    (only,) = make_cases(SETTINGS, 0, 1, "cpu", cases[1].profile)
+    assert only == cases[1]
+    with pytest.raises(SettingsError, match="runs under"):
+        make_cases(SETTINGS, 0, 1, "cpu", "nonexistent")
 
 
 def test_generated_models_build_equal_and_independent_modules() -> None:
@@ -378,7 +390,7 @@ def test_the_record_carries_counts_and_replayable_failures() -> None:
     assert record.status is CorrectnessStatus.FAIL_ACCURACY
     assert record.errors["failed_cases"] == 2 and record.errors["calls"] == summary.calls
     failure = record.details["failures"][0]
-    assert failure["replay"] == "python -m suites.fuzz --seed 0 --case 0 --device cpu"
+    assert failure["replay"] == "python -m suites.fuzz --seed 0 --case 0 --profile default --device cpu"
     assert Schedule.from_dict(failure["schedule"]) == results[0].case.schedule
     prop = json.loads(json.dumps(record.to_property()))
     assert record_from_property(prop).to_property() == prop
@@ -410,11 +422,13 @@ def test_the_dashboard_shows_fuzz_counts_and_failing_schedules_escaped(tmp_path:
         site = build_site(session, Thresholds())
         assert len(fuzz_rows(session, site.runs)) == 1
     (row,) = site.fuzz
-    assert row.counts["failed_cases"] == 1 and row.failures[0].replay.endswith("--case 0 --device cpu")
+    assert row.counts["failed_cases"] == 1 and row.failures[0].replay.endswith(
+        "--case 0 --profile default --device cpu"
+    )
     write_site(site, tmp_path / "site")
     page = (tmp_path / "site" / "fuzz.html").read_text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
-    assert "python -m suites.fuzz --seed 0 --case 0 --device cpu" in page
+    assert "python -m suites.fuzz --seed 0 --case 0 --profile default --device cpu" in page
     assert 'href="fuzz.html"' in (tmp_path / "site" / "index.html").read_text()
 
 

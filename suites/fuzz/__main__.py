@@ -1,6 +1,7 @@
 """``python -m suites.fuzz``: replay one fuzz case, or fuzz for a while, outside pytest.
 
-    python -m suites.fuzz --seed 0 --case 17            # replay case 17 of base seed 0
+    python -m suites.fuzz --seed 0 --case 17            # replay case 17 of base seed 0 (its profiles)
+    python -m suites.fuzz --seed 0 --case 17 --profile warmup0   # under one of them
     python -m suites.fuzz --seed 0 --case 17 --show     # and print its model and schedule
     python -m suites.fuzz --seconds 60 [--seed 3]       # cases of a seed until the deadline
 
@@ -17,10 +18,11 @@ import sys
 
 import torch
 
-from suites.fuzz.execute import CaseResult, grace_compiler, make_case, run_case
+from suites.fuzz.execute import CaseResult, grace_compiler, make_cases, run_case
 from suites.fuzz.recording import case_details
 from suites.fuzz.session import fuzz, fuzz_environment
 from suites.fuzz.settings import SettingsError, load_settings
+from suites.modes import reset_compilers
 
 
 def _device(choice: str) -> torch.device:
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m suites.fuzz", description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=None, help="base seed (default: fuzz.toml's)")
     parser.add_argument("--case", type=int, default=None, help="replay this case of the seed alone")
-    parser.add_argument("--profile", default=None, help="run the case under this profile of fuzz.toml")
+    parser.add_argument("--profile", default=None, help="run the case under this one of its profiles")
     parser.add_argument("--seconds", type=float, default=None, help="fuzz until this deadline")
     parser.add_argument("--first-case", type=int, default=0, help="with --seconds: the first case")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -55,11 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         device = _device(args.device)
         seed = settings.base_seed if args.seed is None else args.seed
         if args.case is not None:
-            with fuzz_environment(settings):
-                case = make_case(settings, seed, args.case, device.type, args.profile)
-                result = run_case(case, grace_compiler, device, settings)
-            _print_result(result, device.type, args.show)
-            return 1 if result.failed or result.eager_error else 0
+            failed = False
+            for case in make_cases(settings, seed, args.case, device.type, args.profile):
+                reset_compilers()
+                with fuzz_environment(settings):
+                    result = run_case(case, grace_compiler, device, settings)
+                _print_result(result, device.type, args.show)
+                failed = failed or result.failed or result.eager_error is not None
+            return 1 if failed else 0
         summary = fuzz(settings, device, deadline_s=args.seconds, base_seed=seed, first_case=args.first_case)
     except SettingsError as exc:
         print(f"suites.fuzz: {exc}", file=sys.stderr)

@@ -37,7 +37,7 @@ import torch
 from suites.fuzz.compare import Mismatch, MismatchKind, compare, compare_all
 from suites.fuzz.models import ModelSpec, build_module, generate_model
 from suites.fuzz.schedules import CallSpec, GradMode, Placement, Schedule, Step, StepKind, generate_schedule
-from suites.fuzz.settings import Settings, Tolerance
+from suites.fuzz.settings import Settings, SettingsError, Tolerance
 
 Compiler = Callable[[torch.nn.Module, dict[str, Any]], Callable[..., Any]]
 MAX_MISMATCHES_PER_CASE = 20
@@ -71,24 +71,41 @@ class Case:
         }
 
 
-def make_case(
+def make_cases(
     settings: Settings, base_seed: int, index: int, device_type: str, profile: str | None = None
-) -> Case:
-    """The case ``index`` of ``base_seed`` (deterministic: a string-seeded ``random.Random``)."""
+) -> list[Case]:
+    """Case ``index`` of ``base_seed`` under each of its profiles (``Settings.profiles_for``), or under
+    ``profile`` alone (one of them): one model and one schedule (deterministic: a string-seeded
+    ``random.Random``), drawn so that every profile of the case can run it."""
     rng = random.Random(f"grace-fuzz:{base_seed}:{index}")
     model = generate_model(rng, settings.limits.max_ops, tuple(settings.tolerances))
-    chosen = settings.profile_named(profile) if profile else settings.profile_for(index)
-    options = settings.options_of(chosen)
+    group = settings.profiles_for(index, device_type)
+    options = [settings.options_of(p) for p in group]
+    bounds = [o["max_graphs_per_callable"] for o in options if "max_graphs_per_callable" in o]
     schedule = generate_schedule(
         rng,
         model,
         max_calls=settings.limits.max_calls,
         max_held=settings.limits.max_held,
-        clone_outputs=bool(options.get("clone_outputs", False)),
+        clone_outputs=all(o.get("clone_outputs", False) for o in options),
         cuda=device_type == "cuda",
-        graph_bound=options.get("max_graphs_per_callable"),
+        graph_bound=min(bounds) if bounds else None,
     )
-    return Case(base_seed, index, chosen.name, tuple(sorted(options.items())), model, schedule)
+    cases = [
+        Case(base_seed, index, p.name, tuple(sorted(o.items())), model, schedule)
+        for p, o in zip(group, options, strict=True)
+    ]
+    if profile is None:
+        return cases
+    chosen = [c for c in cases if c.profile == profile]
+    if not chosen:
+        raise SettingsError(f"case {index} runs under {[p.name for p in group]}, not under {profile!r}")
+    return chosen
+
+
+def make_case(settings: Settings, base_seed: int, index: int, device_type: str) -> Case:
+    """The first profile's run of case ``index`` (see ``make_cases``)."""
+    return make_cases(settings, base_seed, index, device_type)[0]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,10 @@ def fuzz_code_hash() -> str:
 
 def replay_command(result: CaseResult, device: str) -> str:
     case = result.case
-    return f"python -m suites.fuzz --seed {case.base_seed} --case {case.index} --device {device}"
+    return (
+        f"python -m suites.fuzz --seed {case.base_seed} --case {case.index} --profile {case.profile} "
+        f"--device {device}"
+    )
 
 
 def case_details(result: CaseResult, device: str, issue: str | None = None) -> dict[str, Any]:

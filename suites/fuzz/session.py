@@ -7,13 +7,15 @@ cases.
 
 Design: ``fuzz`` patches Inductor for the run (``fallback_random``: compiled random ops draw from the
 same generator calls as eager, so a seeded call is comparable; ``compile_threads`` from the settings)
-and lifts Dynamo's recompile limit (``suites.modes.prepare_dynamo``); then, per case, it resets Dynamo
-and grace (``suites.modes.reset_compilers``), makes the case (``execute.make_case``), runs it and
-classifies it: passed, failed, failed at a known issue (fuzz.toml ``[[known]]``), or invalid (eager
-itself raised). No case starts after the deadline; one started finishes.
+and lifts Dynamo's recompile limit (``suites.modes.prepare_dynamo``); then it runs each case under each
+of its profiles (``execute.make_cases``: one model and schedule, several GraceOptions), resetting
+Dynamo and grace (``suites.modes.reset_compilers``) before every run, and classifies each run: passed,
+failed, failed at a known issue (fuzz.toml ``[[known]]``), or invalid (eager itself raised). No run
+starts after the deadline; one started finishes.
 
-Invariant: a ``FuzzSummary`` counts every case that started; the cases it keeps in full are the
-failures, the known failures and the invalid cases (bounded by ``max_failures_kept``).
+Invariant: a ``FuzzSummary`` counts every run that started (``cases``: a case under one profile); the
+runs it keeps in full are the failures, the known failures and the invalid ones (bounded by
+``max_failures_kept``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from suites.fuzz.compare import Mismatch, MismatchKind
-from suites.fuzz.execute import Case, CaseResult, Compiler, grace_compiler, make_case, run_case
+from suites.fuzz.execute import Case, CaseResult, Compiler, grace_compiler, make_cases, run_case
 from suites.fuzz.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -94,21 +96,24 @@ def fuzz(
     started = time.monotonic()
     results: list[CaseResult] = []
     with fuzz_environment(settings):
+        pending: list[Case] = []
         index = first_case
         while time.monotonic() - started < deadline and (max_cases is None or len(results) < max_cases):
+            if not pending:
+                pending = make_cases(settings, seed, index, device.type)
+                index += 1
+            case = pending.pop(0)
             reset()
-            case = make_case(settings, seed, index, device.type)
             result = _run_guarded(case, compiler, device, settings)
             results.append(result)
             if result.failed:
                 logger.warning(
                     "fuzz case %d of seed %d (%s) differs from eager: %s",
-                    index,
+                    case.index,
                     seed,
                     case.profile,
                     "; ".join(f"call {m.call} {m.where}: {m.kind}" for m in result.mismatches[:3]),
                 )
-            index += 1
         reset()
     return summarize(settings, results, seed, device.type, deadline, time.monotonic() - started, first_case)
 

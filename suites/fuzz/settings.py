@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +78,18 @@ class Settings:
     base_options: tuple[tuple[str, Any], ...]
     profiles: tuple[Profile, ...]
     known: tuple[Known, ...] = ()
+    profiles_per_case: dict[str, int] = field(default_factory=dict)  # device type -> profiles per case
 
     def deadline_for(self, device_type: str) -> float:
         if device_type not in self.deadline_s:
             raise SettingsError(f"fuzz.toml [deadline] has no entry for device {device_type!r}")
         return self.deadline_s[device_type]
 
-    def profile_for(self, case: int) -> Profile:
-        return self.profiles[case % len(self.profiles)]
+    def profiles_for(self, case: int, device_type: str) -> tuple[Profile, ...]:
+        """The profiles case ``case`` runs under: the next ``profiles_per_case`` of the list, in turn."""
+        count = min(max(1, self.profiles_per_case.get(device_type, 1)), len(self.profiles))
+        start = case * count
+        return tuple(self.profiles[(start + j) % len(self.profiles)] for j in range(count))
 
     def profile_named(self, name: str) -> Profile:
         for profile in self.profiles:
@@ -110,6 +114,7 @@ class Settings:
 
 _TOP_KEYS = {
     "format",
+    "profiles_per_case",
     "base_seed",
     "deadline",
     "inductor",
@@ -181,6 +186,12 @@ def parse_settings(data: Mapping[str, Any], source: str = "fuzz.toml") -> Settin
             Profile(str(p["name"]), tuple(sorted(_table(p, "options", f"{source} [[profiles]]").items())))
             for p in profiles
         ),
+        profiles_per_case={
+            str(k): _number(
+                _table(data, "profiles_per_case", source), k, f"{source} [profiles_per_case]", int
+            )
+            for k in _table(data, "profiles_per_case", source)
+        },
         known=tuple(
             Known(int(k["seed"]), int(k["case"]), str(k["device"]), str(k["issue"]))
             for k in data.get("known", [])
