@@ -511,7 +511,7 @@ def test_each_class_of_wrong_result_on_the_gpu(name: str) -> None:
     device = torch.device("cuda")
     reset_compilers()
     try:
-        with fuzz_environment(SETTINGS):
+        with fuzz_environment(SETTINGS, device.type):
             result = run_case(case, grace_compiler, device, SETTINGS)
     finally:
         reset_compilers()

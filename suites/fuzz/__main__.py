@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = False
             for case in make_cases(settings, seed, args.case, device.type, args.profile):
                 reset_compilers()
-                with fuzz_environment(settings):
+                with fuzz_environment(settings, device.type):
                     result = run_case(case, grace_compiler, device, settings)
                 _print_result(result, device.type, args.show)
                 failed = failed or result.failed or result.eager_error is not None

@@ -6,12 +6,12 @@ Compiled state of one case must not leak into the next, and memory must stay bou
 cases.
 
 Design: ``fuzz`` patches Inductor for the run (``fallback_random``: compiled random ops draw from the
-same generator calls as eager, so a seeded call is comparable; ``compile_threads`` from the settings)
-and lifts Dynamo's recompile limit (``suites.modes.prepare_dynamo``); then it runs each case under each
-of its profiles (``execute.make_cases``: one model and schedule, several GraceOptions), resetting
-Dynamo and grace (``suites.modes.reset_compilers``) before every run, and classifies each run: passed,
-failed, failed at a known issue (fuzz.toml ``[[known]]``), or invalid (eager itself raised). No run
-starts after the deadline; one started finishes.
+same generator calls as eager, so a seeded call is comparable; ``compile_threads`` per device from the
+settings) and lifts Dynamo's recompile limit (``suites.modes.prepare_dynamo``); then it runs each case
+under each of its profiles (``execute.make_cases``: one model and schedule, several GraceOptions),
+resetting Dynamo and grace (``suites.modes.reset_compilers``) before every run, and classifies each
+run: passed, failed, failed at a known issue (fuzz.toml ``[[known]]``), or invalid (eager itself
+raised). No run starts after the deadline; one started finishes.
 
 Invariant: a ``FuzzSummary`` counts every run that started (``cases``: a case under one profile); the
 runs it keeps in full are the failures, the known failures and the invalid ones (bounded by
@@ -61,14 +61,17 @@ class FuzzSummary:
 
 
 @contextlib.contextmanager
-def fuzz_environment(settings: Settings) -> Iterator[None]:
+def fuzz_environment(settings: Settings, device_type: str) -> Iterator[None]:
     """Inductor's and Dynamo's settings of a fuzz run (module docstring), restored afterwards."""
     import torch._inductor.config as inductor_config
 
     from suites.modes import prepare_dynamo
 
     prepare_dynamo()
-    with inductor_config.patch(fallback_random=True, compile_threads=settings.compile_threads):
+    patches: dict[str, object] = {"fallback_random": True}
+    if device_type in settings.compile_threads:
+        patches["compile_threads"] = settings.compile_threads[device_type]
+    with inductor_config.patch(patches):
         yield
 
 
@@ -95,7 +98,7 @@ def fuzz(
     deadline = settings.deadline_for(device.type) if deadline_s is None else deadline_s
     started = time.monotonic()
     results: list[CaseResult] = []
-    with fuzz_environment(settings):
+    with fuzz_environment(settings, device.type):
         pending: list[Case] = []
         index = first_case
         while time.monotonic() - started < deadline and (max_cases is None or len(results) < max_cases):

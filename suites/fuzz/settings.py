@@ -72,7 +72,7 @@ class Limits:
 class Settings:
     base_seed: int
     deadline_s: dict[str, float]  # device type -> seconds
-    compile_threads: int
+    compile_threads: dict[str, int]  # device type -> Inductor's compile_threads during a run
     limits: Limits
     tolerances: dict[str, Tolerance]  # dtype name (float32) -> tolerance
     base_options: tuple[tuple[str, Any], ...]
@@ -160,6 +160,7 @@ def parse_settings(data: Mapping[str, Any], source: str = "fuzz.toml") -> Settin
     if unknown:
         raise SettingsError(f"{source}: unknown key(s) {unknown}; expected {sorted(_TOP_KEYS)}")
     deadline = _table(data, "deadline", source)
+    threads = _table(_table(data, "inductor", source), "compile_threads", f"{source} [inductor]")
     limits = _table(data, "limits", source)
     tolerances = _table(data, "tolerance", source)
     profiles = data.get("profiles", [])
@@ -168,9 +169,9 @@ def parse_settings(data: Mapping[str, Any], source: str = "fuzz.toml") -> Settin
     return Settings(
         base_seed=_number(data, "base_seed", source, int),
         deadline_s={str(k): _number(deadline, k, f"{source} [deadline]") for k in deadline},
-        compile_threads=_number(
-            _table(data, "inductor", source), "compile_threads", f"{source} [inductor]", int
-        ),
+        compile_threads={
+            str(k): _number(threads, k, f"{source} [inductor.compile_threads]", int) for k in threads
+        },
         limits=Limits(
             **{k: _number(limits, k, f"{source} [limits]", int) for k in Limits.__dataclass_fields__}
         ),
