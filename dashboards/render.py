@@ -202,6 +202,7 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
     page("pi.html", "pi.html")
     page("compatibility.html", "compatibility.html", parts=PART_HELP)
     page("workloads.html", "workloads.html")
+    page("fuzz.html", "fuzz.html")
     for workload in site.workloads:
         page(f"workloads/{workload.slug}.html", "workload.html", depth=1, workload=workload)
     newest_first: list[RunDigest] = sorted(

@@ -32,6 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboards.charts import Point, StepMark, line_chart
+from dashboards.fuzz import FuzzRow, fuzz_rows
 from matrix.compatibility import CompatibilityTable, build_table
 from matrix.regressions import history, loader, logical, pairwise, report
 from matrix.regressions.observations import PASSING_STATUS, CellKey, RunInfo, Suite
@@ -171,6 +172,7 @@ class Site:
     thresholds: Thresholds
     compatibility: CompatibilityTable  # per cell, which parts of GraCE work (matrix.compatibility)
     extra: dict[str, Any] = field(default_factory=dict)
+    fuzz: tuple[FuzzRow, ...] = ()  # the differential fuzzer's runs, newest first (dashboards.fuzz)
 
 
 def _state(verdicts: Counter[str], failing: bool) -> str:
@@ -406,4 +408,5 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
         thresholds=thresholds,
         compatibility=build_table(session),
         extra={"by_uid": by_uid},
+        fuzz=fuzz_rows(session, runs),
     )

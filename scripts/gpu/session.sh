@@ -9,6 +9,10 @@
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
 #   probe       scripts/gpu/probe.py $GRACE_PROBE_ARGS (peak memory per call and mode, host time per call)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
+#   fuzz        the differential fuzzer (pytest suites/fuzz -m fuzz) for SECONDS less 90 (start-up, the
+#               last case, the export), recorded into its own store: fuzz-export.jsonl (the fuzz record
+#               with its counts and failing schedules), fuzz/counts.json, fuzz/records.jsonl; fuzz:400
+#               gives 310 s of schedules
 # Everything lands in one bundle.tar.gz (plus the store export and the log) in $OUT.
 # Wheels: a directory named by $GRACE_WHEELS (default: .carry/wheels) holding SQLAlchemy, Alembic and
 # Mako for the device's Python; skipped when those import already.
@@ -60,6 +64,25 @@ for spec in "${STEPS[@]}"; do
         --deadline-s "$((limit - 40))" ${GRACE_PROBE_ARGS:-} ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
+    fuzz)
+      mkdir -p "$OUT/fuzz"
+      FUZZ_DB="sqlite:///$OUT/fuzz/store.sqlite"
+      GRACE_FUZZ_SECONDS="$((limit > 180 ? limit - 90 : limit / 2))" PYTHONPATH="$REPO/scripts/gpu:$PYTHONPATH" \
+        timeout -s INT -k 20 "$limit" python -m pytest suites/fuzz -m fuzz -q -rfEs -p no:cacheprovider \
+        -p matrix.recorder "--grace-matrix-db=$FUZZ_DB" --grace-matrix-cell=current \
+        ${GRACE_FUZZ_LABEL:+"--grace-matrix-label=$GRACE_FUZZ_LABEL"} \
+        -p record_jsonl --record-jsonl "$OUT/fuzz/records.jsonl" --junitxml "$OUT/fuzz/junit.xml"
+      log "fuzz pytest exited $?"
+      python -m matrix.cli export --db "$FUZZ_DB" -o "$OUT/fuzz-export.jsonl"
+      python - "$OUT/fuzz/records.jsonl" > "$OUT/fuzz/counts.json" <<'PYEOF'
+import json, os, sys
+records = [json.loads(line)["record"] for line in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
+fuzz = [r for r in records if r.get("workload", {}).get("name") == "fuzz"]
+print(json.dumps([{"status": r["status"], "reason": r.get("reason"), **r.get("errors", {}),
+                   "base_seed": r["details"].get("base_seed"), "seconds": r["details"].get("seconds")}
+                  for r in fuzz], indent=2))
+PYEOF
+      cat "$OUT/fuzz/counts.json" ;;
     *) log "unknown step $step" ;;
   esac
   log "step $step exited $?"
