@@ -222,7 +222,9 @@ def export_jsonl(
 # -- ingest ------------------------------------------------------------------------------------------
 
 
-def read_jsonl(lines: Iterable[str], source: str = "<input>") -> Iterator[tuple[str, dict[str, Any]]]:
+def read_jsonl(
+    lines: Iterable[str] | Iterable[bytes], source: str = "<input>"
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """Parse an export's lines into (location, item); the header is checked, then yielded too."""
     first = True
     for number, line in _numbered(lines, source):
@@ -247,14 +249,16 @@ def read_jsonl(lines: Iterable[str], source: str = "<input>") -> Iterator[tuple[
         raise TransferError(f"{source}: empty file; expected a grace-matrix export")
 
 
-def _numbered(lines: Iterable[str], source: str) -> Iterator[tuple[int, str]]:
-    """``enumerate(lines, 1)``, with a line that is not UTF-8 text reported as a ``TransferError``."""
+def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
+    """``enumerate(lines, 1)`` as text; lines may be bytes (a file opened in binary, which gives exact line
+    numbers), decoded here; a line that is not UTF-8 text is a ``TransferError``."""
     iterator = iter(lines)
     number = 0
     while True:
         number += 1
         try:
             line = next(iterator)
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
         except StopIteration:
             return
         except UnicodeDecodeError as exc:
@@ -262,7 +266,7 @@ def _numbered(lines: Iterable[str], source: str) -> Iterator[tuple[int, str]]:
                 f"{source}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start}); an export is UTF-8 "
                 "JSON lines (re-encode a UTF-16 file, e.g. with iconv -f UTF-16 -t UTF-8)"
             ) from None
-        yield number, line
+        yield number, text
 
 
 def check_header(item: dict[str, Any], where: str) -> None:
@@ -405,7 +409,7 @@ def _required(column: Column[Any]) -> bool:
 
 
 def ingest_jsonl(
-    session: Session, lines: Iterable[str], source: str = "<input>", progress: bool = False
+    session: Session, lines: Iterable[str] | Iterable[bytes], source: str = "<input>", progress: bool = False
 ) -> TransferStats:
     """Ingest an export into ``session``'s transaction; raises TransferError on the first bad line."""
     ingester = Ingester(session)

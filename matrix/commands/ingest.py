@@ -34,7 +34,10 @@ def register(subparsers: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     Session = open_store(args.db)
-    stdin = sys.stdin.readlines() if "-" in args.files else []  # read once: a retry reads it again
+    # stdin is read once (a retry reads it again), as bytes where it has them (exact line numbers).
+    stdin: list[bytes] | list[str] = []
+    if "-" in args.files:
+        stdin = getattr(sys.stdin, "buffer", sys.stdin).readlines()
     for attempt in range(1, _ATTEMPTS + 1):
         try:
             totals = _ingest_all(Session, args.files, stdin)
@@ -57,7 +60,9 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ingest_all(Session: sessionmaker[Session], names: list[str], stdin: list[str]) -> dict[str, Any]:
+def _ingest_all(
+    Session: sessionmaker[Session], names: list[str], stdin: list[bytes] | list[str]
+) -> dict[str, Any]:
     totals: dict[str, Any] = {}
     with Session.begin() as session:  # every file or nothing
         for name in names:
@@ -65,7 +70,7 @@ def _ingest_all(Session: sessionmaker[Session], names: list[str], stdin: list[st
                 stats = ingest_jsonl(session, stdin, "<stdin>")
             else:
                 try:
-                    handle_ = open(name, encoding="utf-8")  # noqa: SIM115 - closed below
+                    handle_ = open(name, "rb")  # noqa: SIM115 - closed below; decoded per line
                 except OSError as exc:
                     raise ConfigError(f"{name}: cannot read: {exc.strerror}") from None
                 with handle_:

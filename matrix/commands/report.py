@@ -40,7 +40,7 @@ def open_selected_store(args: argparse.Namespace) -> sessionmaker[Session]:
     with Session.begin() as session:
         for path in inputs:
             try:
-                handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+                handle = open(path, "rb")  # noqa: SIM115 - closed below; decoded per line by ingest
             except OSError as exc:
                 raise ConfigError(f"--input {path}: cannot read: {exc.strerror}") from None
             with handle:

@@ -184,8 +184,10 @@ def _check_integrity(url: str, connection: Connection) -> None:
     path = sqlite_path(url)
     if connection.dialect.name != "sqlite" or path is None:
         return
-    problems = [row[0] for row in connection.exec_driver_sql("PRAGMA quick_check").fetchmany(3)]
-    if problems != ["ok"]:
+    rows = connection.exec_driver_sql("PRAGMA quick_check").fetchmany(3)
+    lines = [line for row in rows for line in str(row[0]).splitlines() if not line.startswith("***")]
+    if lines != ["ok"]:
+        problems = lines[:2] + (["..."] if len(lines) > 2 else [])
         raise StoreError(
             f"store {path} fails SQLite's integrity check ({'; '.join(problems)}); refusing to write to it: "
             "restore it from a copy, or move it aside to start a new store"

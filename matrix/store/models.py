@@ -42,6 +42,10 @@ class CleanString(TypeDecorator[str]):
     impl = String
     cache_ok = True
 
+    @property
+    def python_type(self) -> type[Any]:
+        return str
+
     def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
         return store_text(value) if isinstance(value, str) else value
 
