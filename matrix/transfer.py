@@ -29,9 +29,9 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
-from sqlalchemy import BigInteger, Boolean, Column, DateTime, Float, Integer, select
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, Float, Integer, Table, select
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
@@ -109,7 +109,7 @@ def _dump(row: Base, model: type[Base]) -> dict[str, Any]:
 def _load(data: dict[str, Any], model: type[Base], where: str) -> dict[str, Any]:
     """``data``'s fields checked against ``model``'s columns (the export schema: names, types, ranges,
     nulls) and converted (ISO datetimes); a mismatch is a ``TransferError`` naming ``where`` and the field."""
-    columns = {c.key: c for c in model.__table__.columns if c.key not in _LINKS}
+    columns = {c.key: c for c in _columns(model) if c.key not in _LINKS}
     unknown = sorted(set(data) - set(columns))
     if unknown:
         raise TransferError(f"{where}: unknown field {unknown[0]!r} for {model.__tablename__}")
@@ -258,7 +258,7 @@ def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[t
         number += 1
         try:
             line = next(iterator)
-            text = line.decode("utf-8") if isinstance(line, bytes) else line
+            text = line.decode("utf-8") if isinstance(line, bytes) else str(line)
         except StopIteration:
             return
         except UnicodeDecodeError as exc:
@@ -341,7 +341,7 @@ class Ingester:
         fingerprint = values.get("fingerprint")
         if not isinstance(fingerprint, str) or not fingerprint:
             raise TransferError(f"{where}: cell lacks its 'fingerprint'")
-        missing = sorted(c.key for c in Cell.__table__.columns if _required(c) and c.key not in values)
+        missing = sorted(c.key for c in _columns(Cell) if _required(c) and c.key not in values)
         if missing:
             raise TransferError(f"{where}: cell lacks its {missing[0]!r}")
         return get_or_create(self.session, Cell, values, ("fingerprint",))
@@ -360,7 +360,7 @@ class Ingester:
         key = values.get("record_key")
         if not isinstance(key, str):
             raise TransferError(f"{where}: {table} row lacks its 'record_key'")
-        missing = sorted(c.key for c in model.__table__.columns if _required(c) and c.key not in values)
+        missing = sorted(c.key for c in _columns(model) if _required(c) and c.key not in values)
         if missing:
             raise TransferError(f"{where}: {table} row lacks its {missing[0]!r}")
         present = self._present_keys(uid, table, model)
@@ -401,6 +401,10 @@ class Ingester:
             values.setdefault("tags", [])
             self._workloads[key] = get_or_create(self.session, Workload, values, ("name", "code_hash")).id
         return self._workloads[key]
+
+
+def _columns(model: type[Base]) -> list[Column[Any]]:
+    return list(cast(Table, model.__table__).columns)
 
 
 def _required(column: Column[Any]) -> bool:

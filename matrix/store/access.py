@@ -30,9 +30,9 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -44,7 +44,6 @@ from matrix.store.models import Base, Cell, Run, RunStatus, Workload, utcnow
 logger = logging.getLogger(__name__)
 
 _Keyed = TypeVar("_Keyed", bound=Base)
-_UPSERT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 _PID_REUSE_SLACK_S = 5.0
 _DB_OPTION = "--grace-matrix-db"
 
@@ -113,14 +112,16 @@ def insert_ignoring_conflict(
     created by a concurrent transaction (which this one waits for); True when this call inserted it.
     ``INSERT ... ON CONFLICT DO NOTHING`` on SQLite and PostgreSQL, a savepoint elsewhere."""
     dialect = session.get_bind().dialect.name
-    if dialect in _UPSERT:
-        table = model.__table__
-        stmt = _UPSERT[dialect](table).values(**values).on_conflict_do_nothing(index_elements=key)
+    table = cast(Table, model.__table__)
+    stmt: sqlite.Insert | postgresql.Insert
+    if dialect in ("sqlite", "postgresql"):
+        upsert = sqlite.insert if dialect == "sqlite" else postgresql.insert
+        stmt = upsert(table).values(**values).on_conflict_do_nothing(index_elements=list(key))
         # RETURNING tells whether a row went in (rowcount is -1 with some drivers).
         return session.execute(stmt.returning(*table.primary_key.columns)).first() is not None
     try:  # pragma: no cover - neither SQLite nor PostgreSQL
         with session.begin_nested():
-            session.execute(insert(model.__table__).values(**values))
+            session.execute(insert(table).values(**values))
         return True
     except IntegrityError:  # pragma: no cover
         logger.debug("lost a creation race for %s %r", model.__tablename__, values)
