@@ -26,6 +26,7 @@ from matrix.store.models import RESULT_TABLES, Cell, CorrectnessResult, Run, Run
 from matrix.store.models import TestOutcome as Outcome
 from matrix.transfer import export_jsonl
 
+pytestmark = pytest.mark.slow  # eight or six processes at once
 REPO = Path(__file__).resolve().parents[1]
 WRITERS = 8
 
