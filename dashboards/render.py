@@ -7,10 +7,13 @@ Design: one Jinja2 environment with autoescape on for every template (HTML and t
 ``StrictUndefined`` so a template typo fails the build instead of rendering blanks. Charts are inline SVG
 built with escaped text; the only scripts are our own static file and per-run data files written with
 ``json.dumps`` (and ``<`` escaped). The site is written into a temporary folder beside the output and
-swapped in at the end, so a failed render never leaves a half-written site.
+swapped in at the end, so a failed render never leaves a half-written site; the site carries a marker
+file (``MARKER``), and only a folder that has it, or an empty one, is ever replaced.
 
 Invariants: nothing from the store is marked safe; every link is relative (the feed may take a base URL);
-no page references anything outside the site.
+no page references anything outside the site; a folder that is not ours is never deleted; the files
+have the modes the umask gives. The feed's text passes ``matrix.text.xml_text`` (XML 1.0 forbids most
+control characters, which autoescape leaves alone).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import datetime as dt
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 import uuid
@@ -28,16 +32,22 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
 
 from dashboards.site import HEADLINES, PI_STAGES, SUITES, RunDigest, Site, slug
 from matrix.compatibility import PART_HELP
+from matrix.errors import ConfigError
+from matrix.outfiles import public_mode
 from matrix.regressions.observations import RunInfo
+from matrix.text import xml_text
 
 log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATIC = Path(__file__).resolve().parent / "static"
 SITE_FORMAT = 1
+MARKER = ".grace-matrix-site"
+"""The file that marks a folder as a site of ours: only such a folder (or an empty one) is replaced."""
 _NAMESPACE = uuid.UUID("6f1c6a52-6f55-4b0e-9d87-3c2f4f1f7a10")  # stable ids in the Atom feed
 
 
@@ -69,7 +79,15 @@ def _day(value: dt.datetime) -> str:
     return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d")
 
 
-def environment() -> Environment:
+def _xml_value(value: Any) -> Any:
+    """What an expression of the feed prints: text with the characters XML forbids made visible."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return xml_text(value)
+    return value
+
+
+def environment(xml: bool = False) -> Environment:
+    """The templates' environment; ``xml`` for the Atom feed (every printed string passes ``xml_text``)."""
     env = Environment(
         loader=FileSystemLoader(TEMPLATES),
         autoescape=True,
@@ -77,6 +95,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        finalize=_xml_value if xml else None,
     )
     env.filters.update(ms=_ms, pvalue=_pvalue, iso=_iso, rfc3339=_rfc3339, day=_day)
     return env
@@ -167,12 +186,18 @@ def _write(path: Path, text: str) -> None:
 
 
 def write_site(site: Site, out: Path | str, base_url: str = "") -> list[Path]:
-    """Render every page of ``site`` into ``out`` (replaced whole). Returns the pages written."""
+    """Render every page of ``site`` into ``out`` (replaced whole). Returns the pages written.
+
+    ``out`` must be absent, an empty folder or a site written before (it holds ``MARKER``); anything else
+    is refused with a ``ConfigError`` before a file is touched (see the module invariants)."""
     out = Path(out).resolve()
+    check_output_folder(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        os.chmod(staging, public_mode(folder=True))  # mkdtemp's 0700 would make the site private
         written = _render_into(site, staging, base_url)
+        (staging / MARKER).write_text(f"grace-matrix site, format {SITE_FORMAT}\n", encoding="utf-8")
         if out.exists():
             retired = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
             out.rename(retired)
@@ -185,6 +210,20 @@ def write_site(site: Site, out: Path | str, base_url: str = "") -> list[Path]:
         raise
     log.info("rendered %d pages into %s", len(written), out)
     return [out / p.relative_to(staging) for p in written]
+
+
+def check_output_folder(out: Path) -> None:
+    """Refuse an output that is not absent, an empty folder or a site of ours (``MARKER``)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"--out {out}: not a folder; give a new or empty folder for the site")
+    if (out / MARKER).is_file() or not any(out.iterdir()):
+        return
+    raise ConfigError(
+        f"--out {out}: the folder holds files and is not a site written by grace-matrix (no {MARKER}); "
+        "nothing was changed: give a new or empty folder"
+    )
 
 
 def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
@@ -249,7 +288,10 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
         entries.append({"id": f"urn:uuid:{ident}", "view": v})
     updated = max((v.run.started_at for v in site.regressions), default=site.generated_at)
     feed_id = f"urn:uuid:{uuid.uuid5(_NAMESPACE, 'feed|' + base_url)}"
-    page("feed.xml", "feed.xml", entries=entries, updated=updated, feed_id=feed_id, base_url=base_url)
+    feed = environment(xml=True).get_template("feed.xml")
+    context = {"entries": entries, "updated": updated, "feed_id": feed_id, "base_url": base_url}
+    _write(root / "feed.xml", feed.render(root="", **common, **context))
+    pages.append(root / "feed.xml")
 
     (root / "static").mkdir(exist_ok=True)
     for asset in STATIC.iterdir():

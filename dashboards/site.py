@@ -49,12 +49,28 @@ _BAD = {Verdict.FAIL, Verdict.MISSING}
 _WARN = {Verdict.XFAIL, Verdict.FLAKY, Verdict.IMPROVED, Verdict.SKIP}
 
 
+_HASH_DIGITS = 16
+_HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_DIGITS}}}$")
+
+
 def slug(name: str) -> str:
-    """A file name for ``name``: readable, and unique (a hash is added when characters were replaced)."""
+    """A file name for ``name``, readable and injective: a name made of ``[A-Za-z0-9_.-]`` (at most 80,
+    not starting with a dot) is its own slug; any other name is its readable part plus ``-`` and 16 hex
+    digits of its SHA-1. A name that itself ends like a hashed slug is hashed too, so a name kept as it is
+    never equals the slug of another name (``slug("mlp large") != slug(slug("mlp large"))``)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-    if safe != name or safe.startswith("."):
-        safe = f"{safe.lstrip('.')}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    if safe != name or safe.startswith(".") or not safe or _HASHED.search(name):
+        safe = f"{safe.lstrip('.')}-{hashlib.sha1(name.encode()).hexdigest()[:_HASH_DIGITS]}"
     return safe
+
+
+def _check_slugs(names: Sequence[str]) -> None:
+    """Refuse two names with one slug (only a 64-bit SHA-1 prefix collision could cause one)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(slug(name), name)
+        if other != name:
+            raise ValueError(f"workloads {other!r} and {name!r} would share the page {slug(name)!r}")
 
 
 @dataclass(frozen=True)
@@ -372,6 +388,7 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
     by_uid = {r.uid: r for r in runs}
     workloads = _workloads(runs, medians, detected.cells, thresholds)
     pages = {w.name for w in workloads}
+    _check_slugs(sorted(pages))
     regressions = []
     for cell in detected.cells:
         for i, r in enumerate(cell.regressions):

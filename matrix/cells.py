@@ -46,10 +46,13 @@ ENV_CONFIG = "GRACE_MATRIX_CONFIG"
 DEFAULT_CONFIG_NAME = "matrix.toml"
 
 TIERS = ("smoke", "standard", "full")
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_TAG_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_CUDA_RE = re.compile(r"^(\d{2})\.(\d{1,2})$")
-_EXTRA_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# Whole-string patterns, used with fullmatch only: `$` would let a trailing newline through, which
+# splits a command in the generated CI workflow.
+_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_TAG_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_CUDA_RE = re.compile(r"(\d{2})\.(\d{1,2})")
+_EXTRA_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_VARIANT_RE = re.compile(r"cu\d{3,4}|cpu|rocm[\d.]+")
 
 
 class CellKind(str, enum.Enum):
@@ -206,6 +209,11 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
     path = Path(path) if path is not None else default_config_path()
     try:
         text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); TOML files are UTF-8"
+        ) from None
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: matrix file not found; run from the project root or pass --config PATH"
@@ -216,6 +224,8 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
     return parse_matrix(data, str(path))
 
 
@@ -255,11 +265,11 @@ class _Reader:
     def strings(
         self, key: str, default: tuple[str, ...], pattern: re.Pattern[str] | None = None
     ) -> tuple[str, ...]:
-        value = self.get(key, list, default=None)
+        value = self.get(key, list, default=None)  # a string here is an error, never its letters
         if value is None:
             return default
         for item in value:
-            if not isinstance(item, str) or (pattern is not None and not pattern.match(item)):
+            if not isinstance(item, str) or (pattern is not None and not pattern.fullmatch(item)):
                 self.fail(f"item {item!r} is not a valid name", key)
         return tuple(value)
 
@@ -302,12 +312,15 @@ def parse_matrix(data: Mapping[str, Any], source: str = "matrix.toml") -> Matrix
     if fmt < 1:
         top.fail(f"format {fmt} is not a valid format version (expected {MATRIX_FORMAT})", "format")
 
-    defaults = _Reader(source, "defaults", top.get("defaults", dict, {}), _SETTING_KEYS).table
+    defaults_reader = _Reader(source, "defaults", top.get("defaults", dict, {}), _SETTING_KEYS)
+    _check_settings(defaults_reader)
+    defaults = defaults_reader.table
     kinds_reader = _Reader(source, "kinds", top.get("kinds", dict, {}), [k.value for k in CellKind])
-    kind_defaults = {
-        kind: _Reader(source, f"kinds.{kind}", table, _SETTING_KEYS).table
-        for kind, table in kinds_reader.table.items()
-    }
+    kind_defaults = {}
+    for kind, table in kinds_reader.table.items():
+        kind_reader = _Reader(source, f"kinds.{kind}", table, _SETTING_KEYS)
+        _check_settings(kind_reader)
+        kind_defaults[kind] = kind_reader.table
 
     raw_cells = top.get("cells", list, required=True)
     cells: list[CellSpec] = []
@@ -329,7 +342,7 @@ def parse_matrix(data: Mapping[str, Any], source: str = "matrix.toml") -> Matrix
     index_table = top.get("indexes", dict, {})
     for variant, raw in index_table.items():
         where = f"indexes.{variant}"
-        if not re.match(r"^cu\d{3,4}$|^cpu$|^rocm[\d.]+$", variant):
+        if not _VARIANT_RE.fullmatch(variant):
             raise ConfigError(f"{source}: {where}: variant must look like 'cu121', 'cpu' or 'rocm6.2'")
         r = _Reader(source, where, raw, ("url", "mode"))
         url = r.get("url", str, required=True)
@@ -356,6 +369,15 @@ def parse_matrix(data: Mapping[str, Any], source: str = "matrix.toml") -> Matrix
     return Matrix(source, fmt, default_tag, tuple(cells), indexes, tuple(exclusions))
 
 
+def _check_settings(r: _Reader) -> None:
+    """Type-check a table of settings where it is written ([defaults], [kinds.*]), so an error names it."""
+    r.strings("tags", (), _TAG_RE)
+    r.strings("paths", ())
+    r.strings("extras", (), _EXTRA_RE)
+    for key in ("installer", "tier", "markers"):
+        r.get(key, str)
+
+
 def _parse_cell(
     source: str,
     where: str,
@@ -365,17 +387,18 @@ def _parse_cell(
 ) -> CellSpec:
     r = _Reader(source, where, raw, _CELL_KEYS)
     cell_id = r.get("id", str, required=True)
-    if not _ID_RE.match(cell_id):
+    if not _ID_RE.fullmatch(cell_id):
         r.fail(f"{cell_id!r} is not a valid id (lower-case letters, digits, '.', '_', '-')", "id")
     kind = r.enum("kind", CellKind, None)
     if kind is None:
         r.fail("is required (venv, current or triton-only)", "kind")
     # Settings: the cell's own value, else its kind's default, else the global default.
     merged = _Reader(source, where, {**defaults, **kind_defaults.get(kind.value, {}), **r.table}, _CELL_KEYS)
-    global_tags = tuple(defaults.get("tags", ()))
-    tags = tuple(dict.fromkeys(global_tags + r.strings("tags", (), _TAG_RE)))
+    # Tags add up: [defaults], then the kind's, then the cell's own (the other settings override).
+    kind_tags = tuple(kind_defaults.get(kind.value, {}).get("tags", ()))
+    tags = tuple(dict.fromkeys(tuple(defaults.get("tags", ())) + kind_tags + r.strings("tags", (), _TAG_RE)))
     torch, triton, cuda = r.version("torch"), r.version("triton"), r.get("cuda", str)
-    if cuda is not None and not _CUDA_RE.match(cuda):
+    if cuda is not None and not _CUDA_RE.fullmatch(cuda):
         r.fail(f"{cuda!r} is not a CUDA version such as '12.8'", "cuda")
     if kind is CellKind.VENV and (torch is None or triton is None):
         r.fail("a venv cell pins both torch and triton", "torch" if torch is None else "triton")
@@ -387,8 +410,10 @@ def _parse_cell(
     if not paths:
         merged.fail("needs at least one path", "paths")
     for p in paths:
-        if Path(p).is_absolute() or ".." in Path(p).parts:
+        if not p or Path(p).is_absolute() or ".." in Path(p).parts:
             merged.fail(f"{p!r} must be a path inside the project", "paths")
+        if p.startswith("-") or any(c in p for c in "\n\r\x00"):
+            merged.fail(f"{p!r} is not a path (pytest would read it as an option); write './{p}'", "paths")
     markers = merged.get("markers", str)
     tier = merged.get("tier", str, "smoke")
     if tier not in TIERS:

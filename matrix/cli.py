@@ -81,14 +81,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from matrix.store.db import default_url, describe_error
+    from matrix.text import terminal_text
 
     try:
         return int(args.handler(args))
     except MatrixError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(terminal_text(f"{PROG}: error: {exc}"), file=sys.stderr)
         return exc.exit_code
     except SQLAlchemyError as exc:
-        print(f"{PROG}: error: {describe_error(args.db or default_url(), exc)}", file=sys.stderr)
+        print(
+            terminal_text(f"{PROG}: error: {describe_error(args.db or default_url(), exc)}"), file=sys.stderr
+        )
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -7,22 +7,20 @@ Design: one summary table (rows in the table's order, one column per part, ``Par
 section per cell with findings: every failure with its reason on one line, then the counts of results
 not judged. No clock, no machine: the same table renders to the same bytes.
 
-Invariant: every stored string goes through ``_md`` (pipes, angle brackets and backticks escaped, one
-line); reasons were already cleaned and clipped by ``matrix.compatibility.clean_text``.
+Invariant: every stored string goes through ``_md`` (``matrix.text.markdown_text``: pipes, angle
+brackets and backticks escaped, control characters visible, one line); reasons were already cleaned
+and clipped by ``matrix.compatibility.clean_text``.
 """
 
 from __future__ import annotations
 
 from matrix.compatibility import PART_HELP, CellRow, CompatibilityTable, Part
+from matrix.text import markdown_text
 
 DEFAULT_COMMAND = "grace-matrix compatibility"
 
 
-def _md(text: str | None) -> str:
-    if not text:
-        return ""
-    escaped = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-    return " ".join(escaped.replace("`", "'").split())
+_md = markdown_text
 
 
 def _gpu(row: CellRow) -> str:

@@ -29,5 +29,6 @@ class StoreError(ConfigError):
     """The store cannot be opened or is not a grace-matrix store (corrupt, newer schema); exit status 2."""
 
 
-class TransferError(MatrixError):
-    """An export file cannot be read (malformed line, newer format, inconsistent rows); exit status 1."""
+class TransferError(ConfigError):
+    """An export file cannot be read (not UTF-8, malformed line, a field of the wrong type, newer format,
+    inconsistent rows); the message names the file and line; exit status 2."""

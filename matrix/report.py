@@ -25,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
+from matrix.text import markdown_text
 from suites.options import MODE_NAMES
 
 REPORT_FORMAT = 1
@@ -335,11 +336,7 @@ def _clip(text: str | None, limit: int = 240) -> str:
     return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
-def _md(text: str | None) -> str:
-    if not text:
-        return ""
-    escaped = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-    return " ".join(escaped.split())
+_md = markdown_text  # every stored string in docs/RESULTS.md, as docs/COMPATIBILITY.md escapes it
 
 
 def render_markdown(report: Report, title: str = "Results", command: str = "grace-matrix results-doc") -> str:
@@ -360,8 +357,11 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
     header = ["workload", "tier", "mode", *COLUMNS]
     for cell in report.cells():
         runs = [r for r in report.runs if r.cell == cell]
-        lines += [f"## Cell `{cell}`", "", f"{_environment(runs[-1])}.", ""]
-        lines += [f"Runs: {', '.join(f'`{r.uid}` ({r.started_at:%Y-%m-%d %H:%M} UTC)' for r in runs)}.", ""]
+        lines += [f"## Cell `{_md(cell)}`", "", f"{_md(_environment(runs[-1]))}.", ""]
+        lines += [
+            f"Runs: {', '.join(f'`{_md(r.uid)}` ({r.started_at:%Y-%m-%d %H:%M} UTC)' for r in runs)}.",
+            "",
+        ]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
         rows = [row for row in report.rows if row.cell == cell]
@@ -371,6 +371,9 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         notes = [row for row in rows if row.status not in ("pass", OK)]
         if notes:
             lines += ["", "Not passing:", ""]
-            lines += [f"- {row.workload} / {row.mode}: `{row.status}`: {_md(row.reason)}" for row in notes]
+            lines += [
+                f"- {_md(row.workload)} / {_md(row.mode)}: `{_md(row.status)}`: {_md(row.reason)}"
+                for row in notes
+            ]
         lines.append("")
     return "\n".join(lines)

@@ -11,7 +11,8 @@ fingerprint, followed by one line per result row naming its table and its fields
 by ``uid`` and to workloads by (name, code hash), never by integer ids; every value is a named field.
 Ingest reads such lines inside one transaction of the caller: a run already present is matched by uid
 (and finished if the incoming copy finished it), a row already present by (run, record_key) is skipped.
-Merge is ingest fed directly from other stores' exports, all in one transaction.
+Merge is ingest fed directly from other stores' exports, all in one transaction; the sources are
+opened read-only.
 
 Invariants:
 - Ingesting the same export twice changes nothing the second time (idempotent).
@@ -28,15 +29,15 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
-from sqlalchemy import DateTime, select
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, Float, Integer, Table, select
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
 from matrix.errors import TransferError
-from matrix.store.access import get_or_create_workload, insert_or_reread
-from matrix.store.db import SCHEMA_VERSION, display_url, open_store
+from matrix.store.access import get_or_create, insert_ignoring_conflict
+from matrix.store.db import SCHEMA_VERSION, StoreAccess, display_url, open_store
 from matrix.store.models import (
     RESULT_TABLES,
     Base,
@@ -97,10 +98,6 @@ def _fields(model: type[Base]) -> list[str]:
     return [c.key for c in model.__table__.columns if c.key not in _LINKS]
 
 
-def _datetime_fields(model: type[Base]) -> set[str]:
-    return {c.key for c in model.__table__.columns if isinstance(c.type, DateTime)}
-
-
 def _dump(row: Base, model: type[Base]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in _fields(model):
@@ -110,22 +107,67 @@ def _dump(row: Base, model: type[Base]) -> dict[str, Any]:
 
 
 def _load(data: dict[str, Any], model: type[Base], where: str) -> dict[str, Any]:
-    allowed = set(_fields(model))
-    unknown = sorted(set(data) - allowed)
+    """``data``'s fields checked against ``model``'s columns (the export schema: names, types, ranges,
+    nulls) and converted (ISO datetimes); a mismatch is a ``TransferError`` naming ``where`` and the field."""
+    columns = {c.key: c for c in _columns(model) if c.key not in _LINKS}
+    unknown = sorted(set(data) - set(columns))
     if unknown:
         raise TransferError(f"{where}: unknown field {unknown[0]!r} for {model.__tablename__}")
     values = dict(data)
-    for name in _datetime_fields(model) & set(values):
-        if values[name] is not None:
-            try:
-                moment = dt.datetime.fromisoformat(values[name])
-            except (TypeError, ValueError):
-                raise TransferError(
-                    f"{where}: field {name!r} is not an ISO datetime: {values[name]!r}"
-                ) from None
+    for name, value in data.items():
+        column = columns[name]
+        if value is None:
+            if not column.nullable:
+                raise TransferError(f"{where}: field {name!r} of {model.__tablename__} must not be null")
+            continue
+        problem = _type_problem(column, value)
+        if problem:
+            raise TransferError(f"{where}: field {name!r} of {model.__tablename__} {problem}")
+        if isinstance(column.type, DateTime):
+            moment = dt.datetime.fromisoformat(value)
             # SQLite hands back naive datetimes; every time the store writes is UTC.
             values[name] = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
     return values
+
+
+def _type_problem(column: Column[Any], value: Any) -> str | None:
+    """Why ``value`` cannot be stored in ``column`` on every database; None when it can."""
+    kind = column.type
+    if isinstance(kind, DateTime):
+        try:
+            dt.datetime.fromisoformat(value)
+        except (TypeError, ValueError):
+            return f"is not an ISO datetime: {_short(value)}"
+        return None
+    if isinstance(kind, Boolean):
+        return None if isinstance(value, bool) else f"must be true or false, not {_short(value)}"
+    if isinstance(kind, Integer):  # BigInteger is one
+        bits = 64 if isinstance(kind, BigInteger) else 32
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"must be an integer, not {_short(value)}"
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            return f"is out of range for a {bits}-bit integer: {_short(value)}"
+        return None
+    if isinstance(kind, Float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number, not {_short(value)}"
+        return None
+    expected = kind.python_type
+    if expected is str:
+        if not isinstance(value, str):
+            return f"must be a string, not {_short(value)}"
+        length = getattr(kind, "length", None)
+        if length is not None and len(value) > length:
+            return f"is longer than {length} characters ({len(value)})"
+        return None
+    if not isinstance(value, expected):
+        return f"must be a JSON {'object' if expected is dict else 'array'}, not {_short(value)}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 # -- export ------------------------------------------------------------------------------------------
@@ -180,10 +222,12 @@ def export_jsonl(
 # -- ingest ------------------------------------------------------------------------------------------
 
 
-def read_jsonl(lines: Iterable[str], source: str = "<input>") -> Iterator[tuple[str, dict[str, Any]]]:
+def read_jsonl(
+    lines: Iterable[str] | Iterable[bytes], source: str = "<input>"
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """Parse an export's lines into (location, item); the header is checked, then yielded too."""
     first = True
-    for number, line in enumerate(lines, start=1):
+    for number, line in _numbered(lines, source):
         where = f"{source}:{number}"
         if not line.strip():
             continue
@@ -191,6 +235,10 @@ def read_jsonl(lines: Iterable[str], source: str = "<input>") -> Iterator[tuple[
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TransferError(f"{where}: not a JSON line ({exc.msg})") from None
+        except RecursionError:
+            raise TransferError(f"{where}: JSON nested too deeply to be an export line") from None
+        except ValueError as exc:  # e.g. an integer literal longer than Python converts
+            raise TransferError(f"{where}: not a JSON line ({exc})") from None
         if not isinstance(item, dict):
             raise TransferError(f"{where}: expected a JSON object, got {type(item).__name__}")
         if first:
@@ -199,6 +247,26 @@ def read_jsonl(lines: Iterable[str], source: str = "<input>") -> Iterator[tuple[
         yield where, item
     if first:
         raise TransferError(f"{source}: empty file; expected a grace-matrix export")
+
+
+def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
+    """``enumerate(lines, 1)`` as text; lines may be bytes (a file opened in binary, which gives exact line
+    numbers), decoded here; a line that is not UTF-8 text is a ``TransferError``."""
+    iterator = iter(lines)
+    number = 0
+    while True:
+        number += 1
+        try:
+            line = next(iterator)
+            text = line.decode("utf-8") if isinstance(line, bytes) else str(line)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as exc:
+            raise TransferError(
+                f"{source}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start}); an export is UTF-8 "
+                "JSON lines (re-encode a UTF-16 file, e.g. with iconv -f UTF-16 -t UTF-8)"
+            ) from None
+        yield number, text
 
 
 def check_header(item: dict[str, Any], where: str) -> None:
@@ -225,6 +293,7 @@ class Ingester:
         self._runs: dict[str, int] = {}  # uid -> run pk in this store
         self._present: dict[tuple[str, str], set[str]] = {}  # (uid, table) -> record keys in this store
         self._workloads: dict[tuple[str, str], int] = {}
+        self._fresh: set[str] = set()  # uids of the runs this ingester inserted
 
     def add(self, item: dict[str, Any], where: str) -> None:
         kind = item.get("type")
@@ -250,42 +319,39 @@ class Ingester:
         if not isinstance(uid, str) or not uid:
             raise TransferError(f"{where}: run line lacks its 'uid'")
         existing = self.session.scalars(select(Run).where(Run.uid == uid)).first()
-        if existing is not None:
-            self._runs[uid] = existing.id
-            if existing.status == RunStatus.RUNNING.value and values.get("status") != RunStatus.RUNNING.value:
-                for name in ("status", "finished_at", "exit_code", "message"):
-                    setattr(existing, name, values.get(name))
-                self.stats.runs_updated += 1
-            else:
-                self.stats.runs_present += 1
-            return
-        cell = self._cell(cell_data, where)
-        try:
-            run = Run(cell_pk=cell.id, **values)
-        except TypeError as exc:
-            raise TransferError(f"{where}: run line is malformed: {exc}") from None
-        self.session.add(run)
-        self.session.flush()
-        self._runs[uid] = run.id
-        self.stats.runs_added += 1
+        if existing is None:
+            cell = self._cell(cell_data, where)
+            # An upsert: a concurrent ingest of the same run wins or loses, never fails.
+            if insert_ignoring_conflict(self.session, Run, {**values, "cell_pk": cell.id}, ("uid",)):
+                self._runs[uid] = self.session.scalars(select(Run.id).where(Run.uid == uid)).one()
+                self._fresh.add(uid)
+                self.stats.runs_added += 1
+                return
+            existing = self.session.scalars(select(Run).where(Run.uid == uid)).one()
+        self._runs[uid] = existing.id
+        if existing.status == RunStatus.RUNNING.value and values.get("status") != RunStatus.RUNNING.value:
+            for name in ("status", "finished_at", "exit_code", "message"):
+                setattr(existing, name, values.get(name))
+            self.stats.runs_updated += 1
+        else:
+            self.stats.runs_present += 1
 
     def _cell(self, data: dict[str, Any], where: str) -> Cell:
         values = _load(data, Cell, where + " (cell)")
         fingerprint = values.get("fingerprint")
         if not isinstance(fingerprint, str) or not fingerprint:
             raise TransferError(f"{where}: cell lacks its 'fingerprint'")
-        stmt = select(Cell).where(Cell.fingerprint == fingerprint)
-        cell = self.session.scalars(stmt).first()
-        if cell is None:  # a concurrent ingest of the same cell may create it first
-            cell = insert_or_reread(self.session, Cell(**values), stmt)
-        return cell
+        missing = sorted(c.key for c in _columns(Cell) if _required(c) and c.key not in values)
+        if missing:
+            raise TransferError(f"{where}: cell lacks its {missing[0]!r}")
+        return get_or_create(self.session, Cell, values, ("fingerprint",))
 
     def _add_row(self, table: str, item: dict[str, Any], where: str) -> None:
         model = _TABLES[table]
         data = dict(item)
         data.pop("type")
         uid = data.pop("run", None)
-        if uid not in self._runs:
+        if not isinstance(uid, str) or uid not in self._runs:
             raise TransferError(
                 f"{where}: {table} row refers to run {uid!r}, which no earlier run line declares"
             )
@@ -294,39 +360,60 @@ class Ingester:
         key = values.get("record_key")
         if not isinstance(key, str):
             raise TransferError(f"{where}: {table} row lacks its 'record_key'")
+        missing = sorted(c.key for c in _columns(model) if _required(c) and c.key not in values)
+        if missing:
+            raise TransferError(f"{where}: {table} row lacks its {missing[0]!r}")
         present = self._present_keys(uid, table, model)
         if key in present:
             self.stats.rows_present[table] += 1
             return
         if "workload_pk" in model.__table__.columns:
-            if not isinstance(workload, dict) or "name" not in workload:
+            if not isinstance(workload, dict):
                 raise TransferError(f"{where}: {table} row lacks its 'workload'")
-            values["workload_pk"] = self._workload(workload)
-        try:
-            self.session.add(model(run_pk=self._runs[uid], **values))
-        except TypeError as exc:
-            raise TransferError(f"{where}: {table} row is malformed: {exc}") from None
+            values["workload_pk"] = self._workload(workload, where)
+        values["run_pk"] = self._runs[uid]
         present.add(key)
+        if uid in self._fresh:  # a run this transaction created: no one else can add its rows
+            self.session.add(model(**values))
+        elif not insert_ignoring_conflict(self.session, model, values, ("run_pk", "record_key")):
+            self.stats.rows_present[table] += 1  # a concurrent ingest of the same run added it
+            return
         self.stats.rows_added[table] += 1
 
     def _present_keys(self, uid: str, table: str, model: ResultModel) -> set[str]:
         if (uid, table) not in self._present:
-            stmt = select(model.record_key).where(model.run_pk == self._runs[uid])
-            self._present[(uid, table)] = set(self.session.scalars(stmt))
+            keys: set[str] = set()
+            if uid not in self._fresh:
+                keys.update(
+                    self.session.scalars(select(model.record_key).where(model.run_pk == self._runs[uid]))
+                )
+            self._present[(uid, table)] = keys
         return self._present[(uid, table)]
 
-    def _workload(self, data: dict[str, Any]) -> int:
-        key = (str(data["name"]), str(data.get("code_hash", "")))
+    def _workload(self, data: dict[str, Any], where: str) -> int:
+        values = _load(data, Workload, where + " (workload)")
+        if not isinstance(values.get("name"), str):
+            raise TransferError(f"{where}: workload lacks its 'name'")
+        values.setdefault("code_hash", "")
+        key = (values["name"], values["code_hash"])
         if key not in self._workloads:
-            workload = get_or_create_workload(
-                self.session, key[0], key[1], str(data.get("tier", "smoke")), list(data.get("tags", []))
-            )
-            self._workloads[key] = workload.id
+            values.setdefault("tier", "smoke")
+            values.setdefault("tags", [])
+            self._workloads[key] = get_or_create(self.session, Workload, values, ("name", "code_hash")).id
         return self._workloads[key]
 
 
+def _columns(model: type[Base]) -> list[Column[Any]]:
+    return list(cast(Table, model.__table__).columns)
+
+
+def _required(column: Column[Any]) -> bool:
+    """A column an export line must give: not null, no default, not a link."""
+    return not column.nullable and column.default is None and column.key not in _LINKS
+
+
 def ingest_jsonl(
-    session: Session, lines: Iterable[str], source: str = "<input>", progress: bool = False
+    session: Session, lines: Iterable[str] | Iterable[bytes], source: str = "<input>", progress: bool = False
 ) -> TransferStats:
     """Ingest an export into ``session``'s transaction; raises TransferError on the first bad line."""
     ingester = Ingester(session)
@@ -344,7 +431,7 @@ def merge_stores(
     with target.begin() as session:
         ingester = Ingester(session)
         for url in source_urls:
-            Source = open_store(url)
+            Source = open_store(url, StoreAccess.READ_ONLY)
             try:
                 with Source() as source:
                     for n, item in enumerate(iter_export(source, progress=progress)):

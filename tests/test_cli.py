@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from matrix.cli import main
+from matrix.store.db import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +187,7 @@ def test_errors_are_one_line_with_exit_codes(project, capsys) -> None:
 
     junk = project / "junk.jsonl"
     junk.write_text('{"format": "grace-matrix-export", "version": 1}\n{"type": "run"}\n')
-    assert main(["ingest", str(junk)]) == 1
+    assert main(["ingest", str(junk)]) == 2
     assert "junk.jsonl:2: run line lacks its 'cell' object" in one_error_line(capsys)
 
     assert main(["ingest", str(project / "absent.jsonl")]) == 2
@@ -229,6 +230,7 @@ def test_export_to_a_device_writes_through(project, capsys, tmp_path) -> None:
     chunks: list[str] = []
     reader = threading.Thread(target=lambda: chunks.append(fifo.read_text()))
     reader.start()
+    open_store().kw["bind"].dispose()  # export reads a store, never creates one: create it empty
     assert main(["export", "-o", str(fifo)]) == 0
     reader.join(timeout=30)
     assert fifo.exists() and not fifo.is_file()  # still a pipe, not replaced by a regular file

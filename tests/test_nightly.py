@@ -176,6 +176,7 @@ def test_report_steps_run_commands_on_the_target_store(tmp_path: Path, child_pyt
     config = write_project(tmp_path, [SyntheticCell("syn-a", 1, 1)])
     options = _options(tmp_path, config)
     options.workdir.mkdir()
+    open_store(options.target_url).kw["bind"].dispose()  # run_nightly creates the target first
     step = run_report_step(options, "summary", ["--all"], _Children())
     assert step.exit_code == 0 and step.skipped is None
     assert "no runs match" in step.output.read_text()  # the target store exists and is empty

@@ -156,6 +156,7 @@ def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_command_exit_codes_and_json(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    open_store(db).kw["bind"].dispose()  # regressions reads a store, never creates one
     assert cli(["regressions", "--db", db]) == 0
     assert "nothing to judge" in capsys.readouterr().out
     with open_store(db).begin() as session:

@@ -1,4 +1,9 @@
-"""Printing for the CLI: aligned text tables for people, JSON for scripts (the only printing code)."""
+"""Printing for the CLI: aligned text tables for people, JSON for scripts (the only printing code).
+
+Everything printed for people passes ``matrix.text.terminal_text``: stored text (test output) reaches
+terminals and CI logs, where a control character or a line read as a workflow command must stay inert.
+JSON output escapes control characters itself.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from matrix.text import terminal_text
 
 
 def print_json(value: Any) -> None:
@@ -16,19 +23,25 @@ def print_json(value: Any) -> None:
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
     cells = [[_text(row.get(col)) for col in columns] for row in rows]
     widths = [max([len(col), *(len(r[i]) for r in cells)]) for i, col in enumerate(columns)]
-    print("  ".join(col.ljust(w) for col, w in zip(columns, widths, strict=True)).rstrip())
+    print_text("  ".join(col.ljust(w) for col, w in zip(columns, widths, strict=True)).rstrip())
     for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+        print_text("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def print_text(text: str) -> None:
+    """Text for people on stdout (a report, a table line), made inert (``terminal_text``)."""
+    print(terminal_text(text))
 
 
 def info(message: str) -> None:
     """A progress or result line for people; on stderr so that ``--json`` output stays parseable."""
-    print(message, file=sys.stderr)
+    print(terminal_text(message), file=sys.stderr)
 
 
 def _text(value: Any) -> str:
+    """One table cell on one line."""
     if value is None:
         return "-"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value) or "-"
-    return str(value)
+        return ",".join(str(v) for v in value).replace("\n", "\\n") or "-"
+    return str(value).replace("\n", "\\n")

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from matrix.commands.report import add_selection, open_selected_store
 from matrix.compatibility import build_table
 from matrix.compatibility_doc import render_markdown
 from matrix.errors import ConfigError
+from matrix.outfiles import replace_file
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
 from matrix.regressions.status import Expectation
 
@@ -92,14 +91,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     target = Path(args.output or DEFAULT_OUTPUT)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # replace atomically
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_file(target, lambda out: out.write(text))  # atomically, with the umask's mode
     if args.json:
         print_json({"output": str(target), **table.to_dict()})
     else:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
-from matrix.store.db import open_store
+from matrix.outfiles import replace_file
+from matrix.store.db import StoreAccess, open_store
 from matrix.transfer import RunFilter, export_jsonl
 
 
@@ -26,7 +25,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    Session = open_store(args.db)
+    Session = open_store(args.db, StoreAccess.EXISTING)
     run_filter = RunFilter(uids=args.run, labels=args.label, cells=args.cell)
     with Session() as session:
         if args.output == "-":
@@ -40,14 +39,9 @@ def handle(args: argparse.Namespace) -> int:
                     counts = export_jsonl(session, out, run_filter)
                 return _report(args, counts)
             # Written beside the target and renamed: an interrupted export leaves no half file.
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    counts = export_jsonl(session, out, run_filter, progress=sys.stderr.isatty())
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            counts = replace_file(
+                target, lambda out: export_jsonl(session, out, run_filter, progress=sys.stderr.isatty())
+            )
     return _report(args, counts)
 
 

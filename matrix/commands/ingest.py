@@ -1,15 +1,29 @@
-"""``grace-matrix ingest``: add exported runs to the store, in one transaction, idempotently."""
+"""``grace-matrix ingest``: add exported runs to the store, in one transaction, idempotently.
+
+Several ingests may write one store at once (nightly runners, a fleet on PostgreSQL): the rows are
+upserts (``matrix.transfer``), and a transaction that a concurrent writer made fail (SQLite's lock
+timeout, a PostgreSQL deadlock) is run again from the start, which ingest's idempotence makes safe.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from typing import Any
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
 from matrix.store.db import open_store
 from matrix.transfer import ingest_jsonl
+
+logger = logging.getLogger(__name__)
+
+_ATTEMPTS = 5
 
 
 def register(subparsers: Any) -> None:
@@ -20,19 +34,19 @@ def register(subparsers: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     Session = open_store(args.db)
-    totals: dict[str, Any] = {}
-    with Session.begin() as session:  # every file or nothing
-        for name in args.files:
-            if name == "-":
-                stats = ingest_jsonl(session, sys.stdin, "<stdin>")
-            else:
-                try:
-                    handle_ = open(name, encoding="utf-8")  # noqa: SIM115 - closed below
-                except OSError as exc:
-                    raise ConfigError(f"{name}: cannot read: {exc.strerror}") from None
-                with handle_:
-                    stats = ingest_jsonl(session, handle_, name, progress=sys.stderr.isatty())
-            totals[name] = stats.to_dict()
+    # stdin is read once (a retry reads it again), as bytes where it has them (exact line numbers).
+    stdin: list[bytes] | list[str] = []
+    if "-" in args.files:
+        stdin = getattr(sys.stdin, "buffer", sys.stdin).readlines()
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            totals = _ingest_all(Session, args.files, stdin)
+            break
+        except OperationalError as exc:  # a concurrent writer: locked, deadlocked or serialisation
+            if attempt == _ATTEMPTS:
+                raise
+            logger.info("ingest attempt %d met a concurrent writer (%s); again", attempt, exc.orig)
+            time.sleep(0.2 * 2**attempt)
     if args.json:
         print_json(totals)
     else:
@@ -44,3 +58,22 @@ def handle(args: argparse.Namespace) -> int:
                 f"{stats['runs_present']} already present; {added} rows added, {present} already present"
             )
     return 0
+
+
+def _ingest_all(
+    Session: sessionmaker[Session], names: list[str], stdin: list[bytes] | list[str]
+) -> dict[str, Any]:
+    totals: dict[str, Any] = {}
+    with Session.begin() as session:  # every file or nothing
+        for name in names:
+            if name == "-":
+                stats = ingest_jsonl(session, stdin, "<stdin>")
+            else:
+                try:
+                    handle_ = open(name, "rb")  # noqa: SIM115 - closed below; decoded per line
+                except OSError as exc:
+                    raise ConfigError(f"{name}: cannot read: {exc.strerror}") from None
+                with handle_:
+                    stats = ingest_jsonl(session, handle_, name, progress=sys.stderr.isatty())
+            totals[name] = stats.to_dict()
+    return totals

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from matrix.store.db import open_store
+from matrix.store.db import StoreAccess, open_store
 from matrix.store.models import Cell, PIStageResult, Run
 
 STAGE_ORDER = ("locate", "rewrite", "assemble", "load", "patch", "numeric", "vendor_match", "vendor_update")
@@ -137,7 +137,7 @@ def summarize(rows: list[StageRow]) -> list[dict[str, Any]]:
 def handle(args: argparse.Namespace) -> int:
     from matrix.commands._output import info, print_json, print_table
 
-    Session = open_store(args.db)
+    Session = open_store(args.db, StoreAccess.EXISTING)
     with Session.begin() as session:
         rows = load_rows(session, args.run, args.cell, args.stage, args.failed)
     broken = any(r.status == "fail" for r in rows)

@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.commands._output import print_json
+from matrix.commands._output import print_json, print_text
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
 from matrix.regressions.report import RegressionReport, detect, report_to_json
 from matrix.regressions.thresholds import Thresholds, load_thresholds
-from matrix.store.db import open_store
+from matrix.store.db import StoreAccess, open_store
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def add_expected_options(parser: argparse.ArgumentParser) -> None:
 def prepare(args: argparse.Namespace) -> tuple[sessionmaker[Session], Thresholds]:
     """Open the store, load thresholds and sync the expected-status file (see ``add_common_options``)."""
     thresholds = load_thresholds(args.thresholds)
-    store = open_store(args.db)
+    store = open_store(args.db, StoreAccess.EXISTING)
     if not args.no_expected:
         path = Path(args.expected) if args.expected else Path(DEFAULT_FILE)
         if args.expected or path.exists():
@@ -101,7 +101,7 @@ def run_regressions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report_to_json(report))
     else:
-        print(format_text(report))
+        print_text(format_text(report))
     return 1 if report.new_regressions else 0
 
 

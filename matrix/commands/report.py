@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.report import build_report, render_text
-from matrix.store.db import open_store
+from matrix.store.db import StoreAccess, open_store
+from matrix.text import terminal_text
 
 
 def add_selection(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def open_selected_store(args: argparse.Namespace) -> sessionmaker[Session]:
     """The store to report on: ``--db`` (or the default store), or an in-memory store holding ``--input``."""
     inputs = getattr(args, "input", None) or []
     if not inputs:
-        return open_store(getattr(args, "db", None))
+        return open_store(getattr(args, "db", None), StoreAccess.EXISTING)
     from matrix.errors import ConfigError
     from matrix.transfer import ingest_jsonl
 
@@ -39,7 +40,7 @@ def open_selected_store(args: argparse.Namespace) -> sessionmaker[Session]:
     with Session.begin() as session:
         for path in inputs:
             try:
-                handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+                handle = open(path, "rb")  # noqa: SIM115 - closed below; decoded per line by ingest
             except OSError as exc:
                 raise ConfigError(f"--input {path}: cannot read: {exc.strerror}") from None
             with handle:
@@ -65,5 +66,5 @@ def handle(args: argparse.Namespace) -> int:
         json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(report))
+        sys.stdout.write(terminal_text(render_text(report)))
     return 0

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from matrix.commands.report import add_selection, open_selected_store
+from matrix.outfiles import replace_file
 from matrix.report import build_report, render_markdown
 
 DEFAULT_OUTPUT = "docs/RESULTS.md"
@@ -38,10 +37,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     target = Path(args.output)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # replace atomically
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, target)
+    replace_file(target, lambda out: out.write(text))
     summary = {"output": str(target), "rows": len(report.rows), "cells": report.cells()}
     if getattr(args, "json", False):
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from matrix.commands._output import info, print_json, print_table
-from matrix.store.db import open_store
+from matrix.store.db import StoreAccess, open_store
 from matrix.summary import OUTCOMES, summarize
 
 
@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    Session = open_store(args.db)
+    Session = open_store(args.db, StoreAccess.EXISTING)
     with Session.begin() as session:
         summaries = summarize(session, args.run, args.label, args.cell, latest_only=not args.all)
     if args.json:

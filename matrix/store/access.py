@@ -5,8 +5,9 @@ PostgreSQL) create the same cell and workload rows, and a run whose process is k
 itself finished: its row would say ``running`` forever and the dashboards would wait for it.
 
 Design: cells are get-or-created by fingerprint and workloads by (name, code hash), inside the caller's
-transaction; on databases with concurrent writers the insert runs in a savepoint and a lost race
-re-reads the winner. A run row starts ``running`` with its host and pid. Two things turn a dead run
+transaction, by an upsert (``INSERT ... ON CONFLICT DO NOTHING``, then a select): a writer that loses a
+creation race to a concurrent one, on SQLite or PostgreSQL, reads the winner's row instead of failing.
+A run row starts ``running`` with its host and pid. Two things turn a dead run
 into ``crashed``: the parent that launched it (``grace-matrix run`` seeing its child die) and
 ``reap_stale_runs``, which looks at runs of this host whose process is gone (or whose pid now belongs
 to a younger process).
@@ -29,16 +30,20 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from matrix.errors import ConfigError
 from matrix.fingerprint import Environment
-from matrix.store.models import Cell, Run, RunStatus, Workload, utcnow
+from matrix.store.models import Base, Cell, Run, RunStatus, Workload, utcnow
 
 logger = logging.getLogger(__name__)
 
+_Keyed = TypeVar("_Keyed", bound=Base)
 _PID_REUSE_SLACK_S = 5.0
 _DB_OPTION = "--grace-matrix-db"
 
@@ -64,51 +69,63 @@ def this_host() -> str:
 
 
 def get_or_create_cell(session: Session, env: Environment) -> Cell:
-    fingerprint = env.fingerprint
-    stmt = select(Cell).where(Cell.fingerprint == fingerprint)
-    if (cell := session.scalars(stmt).first()) is not None:
-        return cell
-    cell = Cell(
-        fingerprint=fingerprint,
-        cell_id=env.cell_id,
-        kind=env.kind,
-        torch_version=env.torch_version,
-        triton_version=env.triton_version,
-        cuda_runtime=env.cuda_runtime,
-        driver_version=env.driver_version,
-        gpu_name=env.gpu_name,
-        gpu_capability=env.gpu_capability,
-        python_version=env.python_version,
-        platform=env.platform,
-        extra=dict(env.extra),
-    )
-    return insert_or_reread(session, cell, stmt)
+    values = {
+        "fingerprint": env.fingerprint,
+        "cell_id": env.cell_id,
+        "kind": env.kind,
+        "torch_version": env.torch_version,
+        "triton_version": env.triton_version,
+        "cuda_runtime": env.cuda_runtime,
+        "driver_version": env.driver_version,
+        "gpu_name": env.gpu_name,
+        "gpu_capability": env.gpu_capability,
+        "python_version": env.python_version,
+        "platform": env.platform,
+        "extra": dict(env.extra),
+    }
+    return get_or_create(session, Cell, values, ("fingerprint",))
 
 
 def get_or_create_workload(
     session: Session, name: str, code_hash: str, tier: str, tags: list[str]
 ) -> Workload:
-    stmt = select(Workload).where(Workload.name == name, Workload.code_hash == code_hash)
-    if (workload := session.scalars(stmt).first()) is not None:
-        return workload
-    return insert_or_reread(session, Workload(name=name, code_hash=code_hash, tier=tier, tags=tags), stmt)
+    values = {"name": name, "code_hash": code_hash, "tier": tier, "tags": tags}
+    return get_or_create(session, Workload, values, ("name", "code_hash"))
 
 
-def insert_or_reread(session: Session, row: Cell | Workload, stmt):  # type: ignore[no-untyped-def]
-    """Insert ``row`` unless a concurrent writer created it first; then return the row ``stmt`` reads."""
-    if session.get_bind().dialect.name == "sqlite":
-        # One writer at a time: the write lock taken by the INSERT excludes a concurrent creator.
-        session.add(row)
-        session.flush()
+def get_or_create(
+    session: Session, model: type[_Keyed], values: dict[str, Any], key: Sequence[str]
+) -> _Keyed:
+    """The row of ``model`` whose ``key`` columns equal ``values``'; created from ``values`` when there is
+    none, also when a concurrent writer creates it at the same time (the insert is an upsert)."""
+    stmt = select(model).where(*(getattr(model, k) == values[k] for k in key))
+    if (row := session.scalars(stmt).first()) is not None:
         return row
-    try:
+    insert_ignoring_conflict(session, model, values, key)
+    return session.scalars(stmt).one()
+
+
+def insert_ignoring_conflict(
+    session: Session, model: type[Base], values: dict[str, Any], key: Sequence[str]
+) -> bool:
+    """Insert ``values`` unless a row with the same ``key`` (a unique constraint) exists or is being
+    created by a concurrent transaction (which this one waits for); True when this call inserted it.
+    ``INSERT ... ON CONFLICT DO NOTHING`` on SQLite and PostgreSQL, a savepoint elsewhere."""
+    dialect = session.get_bind().dialect.name
+    table = cast(Table, model.__table__)
+    stmt: sqlite.Insert | postgresql.Insert
+    if dialect in ("sqlite", "postgresql"):
+        upsert = sqlite.insert if dialect == "sqlite" else postgresql.insert
+        stmt = upsert(table).values(**values).on_conflict_do_nothing(index_elements=list(key))
+        # RETURNING tells whether a row went in (rowcount is -1 with some drivers).
+        return session.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+    try:  # pragma: no cover - neither SQLite nor PostgreSQL
         with session.begin_nested():
-            session.add(row)
-            session.flush()
-        return row
-    except IntegrityError:
-        logger.debug("lost a creation race for %r; reading the winner", row)
-        return session.scalars(stmt).one()
+            session.execute(insert(table).values(**values))
+        return True
+    except IntegrityError:  # pragma: no cover
+        logger.debug("lost a creation race for %s %r", model.__tablename__, values)
+        return False
 
 
 def start_run(
@@ -121,8 +138,14 @@ def start_run(
     status: RunStatus = RunStatus.RUNNING,
     pid: int | None = None,
 ) -> Run:
+    """A new run row; a ``uid`` the store already holds is a ``ConfigError`` (run uids are never reused)."""
+    uid = uid or new_run_uid()
+    if find_run(session, uid) is not None:
+        raise ConfigError(
+            f"run uid {uid!r} is already in the store; give a new uid (or none for a fresh one)"
+        )
     run = Run(
-        uid=uid or new_run_uid(),
+        uid=uid,
         cell=cell,
         status=status.value,
         label=label,

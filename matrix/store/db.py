@@ -9,7 +9,9 @@ Design: one ``sessionmaker`` is built per store URL. The default store is an emb
 ``$GRACE_MATRIX_HOME/store.sqlite`` (``GRACE_MATRIX_HOME`` defaults to ``.grace-matrix`` in the current
 directory); ``--db URL`` or ``GRACE_MATRIX_DB`` selects any SQLAlchemy URL (PostgreSQL for fleets).
 ``open_store`` checks the Alembic revision and upgrades to head when needed, under a lock (a lock file
-beside a SQLite store, an advisory lock on PostgreSQL) so that concurrent openers do not race.
+beside a SQLite store, an advisory lock on PostgreSQL) so that concurrent openers do not race. The
+caller says how it uses the store (``StoreAccess``): read commands never create a store, merge sources
+are opened read-only, and a SQLite file that fails its integrity check is never written.
 
 Invariants: callers open transactions at the edge (``with Session.begin():``) and pass sessions inward;
 ``open_store`` returns only for a store at ``SCHEMA_VERSION``; every failure to get there is a
@@ -19,8 +21,11 @@ Invariants: callers open transactions at the edge (``with Session.begin():``) an
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
+import sqlite3
+import urllib.parse
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +36,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -76,7 +81,15 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-def make_engine(url: str | None = None) -> Engine:
+class StoreAccess(enum.Enum):
+    """How a command uses a store (see ``open_store``)."""
+
+    CREATE = "create"  # writers (record, ingest, merge into): a missing store is created
+    EXISTING = "existing"  # read commands: a missing store is an error; an older schema is upgraded
+    READ_ONLY = "read-only"  # merge sources: opened read-only, never migrated, never written
+
+
+def make_engine(url: str | None = None, access: StoreAccess = StoreAccess.CREATE) -> Engine:
     url = url or default_url()
     try:
         parsed = make_url(url)
@@ -87,10 +100,24 @@ def make_engine(url: str | None = None) -> Engine:
         ) from None
     try:
         if parsed.get_backend_name() != "sqlite":
+            if access is StoreAccess.READ_ONLY and parsed.get_backend_name() == "postgresql":
+                read_only = {"options": "-c default_transaction_read_only=on"}
+                return create_engine(url, pool_pre_ping=True, connect_args=read_only)
             return create_engine(url, pool_pre_ping=True)
         path = sqlite_path(url)
         if path is None:  # in-memory: one connection shared, or every session sees an empty store
             engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        elif access is not StoreAccess.CREATE and not path.is_file():
+            raise StoreError(
+                f"no store at {path} (nothing was recorded or ingested there); check --db / {ENV_DB}, or "
+                "create one with `grace-matrix ingest` or `nox -s matrix`"
+            )
+        elif access is StoreAccess.READ_ONLY:
+            uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+            engine = create_engine(
+                "sqlite://",
+                creator=lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False),
+            )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(url, connect_args={"timeout": 60})
@@ -108,7 +135,7 @@ def make_engine(url: str | None = None) -> Engine:
     def _sqlite_pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
-        if path is not None:
+        if path is not None and access is not StoreAccess.READ_ONLY:
             cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the recording writer
             cursor.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe in WAL mode
         cursor.close()
@@ -116,15 +143,31 @@ def make_engine(url: str | None = None) -> Engine:
     return engine
 
 
-def open_store(url: str | None = None) -> sessionmaker[Session]:
-    """A session factory for the store at ``url``, with the schema created or upgraded to head."""
+def open_store(url: str | None = None, access: StoreAccess = StoreAccess.CREATE) -> sessionmaker[Session]:
+    """A session factory for the store at ``url``, on the current schema.
+
+    ``CREATE`` creates a missing store and upgrades an older one; ``EXISTING`` refuses a missing store
+    (a SQLite file that does not exist, a database without our tables) and upgrades an older one; both
+    refuse a SQLite store that fails ``PRAGMA quick_check``, since writing to it could lose more.
+    ``READ_ONLY`` opens the store so that nothing can be written and refuses one not at
+    ``SCHEMA_VERSION`` (a read-only store cannot be upgraded)."""
     url = url or default_url()
-    engine = make_engine(url)
+    engine = make_engine(url, access)
     try:
         with engine.connect() as connection:
             current = _current_revision(connection)
+            if access is not StoreAccess.CREATE and current is None and not _has_all_tables(connection):
+                raise StoreError(f"{display_url(url)} holds no grace-matrix store; check --db / {ENV_DB}")
+            if access is not StoreAccess.READ_ONLY:
+                _check_integrity(url, connection)
         if current != SCHEMA_VERSION:
             _check_known(url, current)
+            if access is StoreAccess.READ_ONLY:
+                raise StoreError(
+                    f"store {display_url(url)} is at schema revision {current!r}, not {SCHEMA_VERSION!r}, "
+                    "and is opened read-only; upgrade it first by opening it for writing (e.g. "
+                    "`grace-matrix summary --db URL`)"
+                )
             with _upgrade_lock(engine, url):
                 upgrade_to_head(engine)
     except StoreError:
@@ -134,6 +177,21 @@ def open_store(url: str | None = None) -> sessionmaker[Session]:
         engine.dispose()
         raise StoreError(_database_problem(url, exc)) from None
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def _check_integrity(url: str, connection: Connection) -> None:
+    """Refuse a damaged SQLite file for writing (``PRAGMA quick_check``)."""
+    path = sqlite_path(url)
+    if connection.dialect.name != "sqlite" or path is None:
+        return
+    rows = connection.exec_driver_sql("PRAGMA quick_check").fetchmany(3)
+    lines = [line for row in rows for line in str(row[0]).splitlines() if not line.startswith("***")]
+    if lines != ["ok"]:
+        problems = lines[:2] + (["..."] if len(lines) > 2 else [])
+        raise StoreError(
+            f"store {path} fails SQLite's integrity check ({'; '.join(problems)}); refusing to write to it: "
+            "restore it from a copy, or move it aside to start a new store"
+        )
 
 
 def upgrade_to_head(engine: Engine) -> None:
@@ -232,6 +290,9 @@ def _database_problem(url: str, exc: DatabaseError) -> str:
 
 def describe_error(url: str, exc: SQLAlchemyError) -> str:
     """One line for a database error met after the store was opened (used by the CLI)."""
+    if isinstance(exc, IntegrityError):  # the data broke a constraint: the store itself is fine
+        detail = str(exc.orig).strip().splitlines()[0]
+        return f"store {display_url(url)} refused a row: {detail}; the input conflicts with what it holds"
     if isinstance(exc, DatabaseError):
         return _database_problem(url, exc)
     return f"store {display_url(url)}: {str(exc).splitlines()[0]}"

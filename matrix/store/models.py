@@ -13,6 +13,8 @@ Invariants:
 - ``Run.uid`` is globally unique (a UUID string); merge and ingest key on it, never on integer ids.
 - (run, record_key) is unique in every result table: the recorder writes each record once.
 - Raw samples are stored, never only their median.
+- Every text and JSON value is cleaned by its column type (``matrix.text.store_text``) on the way in, so
+  no database refuses a row for a character the other accepts.
 - Schema changes go through Alembic migrations (matrix/migrations); ``SCHEMA_VERSION`` names the head.
 """
 
@@ -23,15 +25,68 @@ import enum
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+from matrix.text import store_text, store_value
 
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class CleanString(TypeDecorator[str]):
+    """A ``String`` whose values pass ``matrix.text.store_text`` on the way in (both databases)."""
+
+    impl = String
+    cache_ok = True
+
+    @property
+    def python_type(self) -> type[Any]:
+        return str
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return store_text(value) if isinstance(value, str) else value
+
+
+class CleanText(CleanString):
+    """A ``Text`` column cleaned like ``CleanString``."""
+
+    impl = Text
+    cache_ok = True
+
+
+class JSONObject(TypeDecorator[dict[str, Any]]):
+    """A JSON object; every string inside it passes ``store_text``. ``python_type`` is what an export
+    must give for it (``matrix.transfer`` checks)."""
+
+    impl = JSON
+    cache_ok = True
+
+    @property
+    def python_type(self) -> type[Any]:
+        return dict
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return store_value(value)
+
+
+class JSONList(JSONObject):
+    """A JSON array, cleaned like ``JSONObject``."""
+
+    cache_ok = True
+
+    @property
+    def python_type(self) -> type[Any]:
+        return list
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+    """Every text column is a ``CleanString``/``CleanText`` and every JSON one a ``JSONObject``/``JSONList``:
+    one cleaning rule (``matrix.text.store_text``) at the store boundary, the same on every database."""
+
+    type_annotation_map = {dict[str, Any]: JSONObject, list[Any]: JSONList, str: CleanText}
 
 
 class RunStatus(str, enum.Enum):
@@ -48,17 +103,17 @@ class Cell(Base):
     __tablename__ = "cells"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
-    cell_id: Mapped[str] = mapped_column(String(128), index=True)  # id in matrix.toml, e.g. "torch-2.11"
-    kind: Mapped[str] = mapped_column(String(32))  # venv | current | triton-only
-    torch_version: Mapped[str | None] = mapped_column(String(64))
-    triton_version: Mapped[str | None] = mapped_column(String(64))
-    cuda_runtime: Mapped[str | None] = mapped_column(String(32))
-    driver_version: Mapped[str | None] = mapped_column(String(64))
-    gpu_name: Mapped[str | None] = mapped_column(String(128))
-    gpu_capability: Mapped[str | None] = mapped_column(String(16))
-    python_version: Mapped[str] = mapped_column(String(32))
-    platform: Mapped[str] = mapped_column(String(128))
+    fingerprint: Mapped[str] = mapped_column(CleanString(64), unique=True)
+    cell_id: Mapped[str] = mapped_column(CleanString(128), index=True)  # id in matrix.toml, e.g. "torch-2.11"
+    kind: Mapped[str] = mapped_column(CleanString(32))  # venv | current | triton-only
+    torch_version: Mapped[str | None] = mapped_column(CleanString(64))
+    triton_version: Mapped[str | None] = mapped_column(CleanString(64))
+    cuda_runtime: Mapped[str | None] = mapped_column(CleanString(32))
+    driver_version: Mapped[str | None] = mapped_column(CleanString(64))
+    gpu_name: Mapped[str | None] = mapped_column(CleanString(128))
+    gpu_capability: Mapped[str | None] = mapped_column(CleanString(16))
+    python_version: Mapped[str] = mapped_column(CleanString(32))
+    platform: Mapped[str] = mapped_column(CleanString(128))
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     runs: Mapped[list[Run]] = relationship(back_populates="cell")
@@ -70,18 +125,18 @@ class Run(Base):
     __tablename__ = "runs"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    uid: Mapped[str] = mapped_column(String(36), unique=True)
+    uid: Mapped[str] = mapped_column(CleanString(36), unique=True)
     cell_pk: Mapped[int] = mapped_column(ForeignKey("cells.id"), index=True)
-    status: Mapped[str] = mapped_column(String(32), default=RunStatus.RUNNING.value)
+    status: Mapped[str] = mapped_column(CleanString(32), default=RunStatus.RUNNING.value)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-    label: Mapped[str | None] = mapped_column(String(128), index=True)  # e.g. "nightly-2026-11-29"
-    git_sha: Mapped[str | None] = mapped_column(String(64))
-    host: Mapped[str | None] = mapped_column(String(255))
+    label: Mapped[str | None] = mapped_column(CleanString(128), index=True)  # e.g. "nightly-2026-11-29"
+    git_sha: Mapped[str | None] = mapped_column(CleanString(64))
+    host: Mapped[str | None] = mapped_column(CleanString(255))
     pid: Mapped[int | None] = mapped_column(Integer)
-    command: Mapped[str | None] = mapped_column(Text)
+    command: Mapped[str | None] = mapped_column(CleanText)
     exit_code: Mapped[int | None] = mapped_column(Integer)
-    message: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str | None] = mapped_column(CleanText)
 
     cell: Mapped[Cell] = relationship(back_populates="runs")
     outcomes: Mapped[list[TestOutcome]] = relationship(back_populates="run", cascade="all, delete-orphan")
@@ -102,9 +157,9 @@ class Workload(Base):
     __table_args__ = (UniqueConstraint("name", "code_hash"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(128), index=True)
-    code_hash: Mapped[str] = mapped_column(String(64), default="")
-    tier: Mapped[str] = mapped_column(String(16), default="smoke")
+    name: Mapped[str] = mapped_column(CleanString(128), index=True)
+    code_hash: Mapped[str] = mapped_column(CleanString(64), default="")
+    tier: Mapped[str] = mapped_column(CleanString(16), default="smoke")
     tags: Mapped[list[Any]] = mapped_column(default=list)
 
 
@@ -113,8 +168,8 @@ class _RunResult:
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    record_key: Mapped[str] = mapped_column(String(512))
-    nodeid: Mapped[str] = mapped_column(Text, default="")
+    record_key: Mapped[str] = mapped_column(CleanString(512))
+    nodeid: Mapped[str] = mapped_column(CleanText, default="")
     recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -124,10 +179,10 @@ class TestOutcome(_RunResult, Base):
     __tablename__ = "test_outcomes"
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
-    outcome: Mapped[str] = mapped_column(String(16))  # passed | failed | skipped | error | crashed
+    outcome: Mapped[str] = mapped_column(CleanString(16))  # passed | failed | skipped | error | crashed
     duration_s: Mapped[float | None] = mapped_column(Float)
-    message: Mapped[str | None] = mapped_column(Text)
-    worker: Mapped[str | None] = mapped_column(String(32))
+    message: Mapped[str | None] = mapped_column(CleanText)
+    worker: Mapped[str | None] = mapped_column(CleanString(32))
 
     run: Mapped[Run] = relationship(back_populates="outcomes")
 
@@ -137,9 +192,9 @@ class CorrectnessResult(_RunResult, Base):
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
     workload_pk: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
-    mode: Mapped[str] = mapped_column(String(32))
-    status: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[str | None] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(CleanString(32))
+    status: Mapped[str] = mapped_column(CleanString(32))
+    reason: Mapped[str | None] = mapped_column(CleanText)
     errors: Mapped[dict[str, Any]] = mapped_column(default=dict)
     tolerance: Mapped[dict[str, Any]] = mapped_column(default=dict)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -153,9 +208,9 @@ class PerformanceResult(_RunResult, Base):
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
     workload_pk: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
-    mode: Mapped[str] = mapped_column(String(32))
-    status: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[str | None] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(CleanString(32))
+    status: Mapped[str] = mapped_column(CleanString(32))
+    reason: Mapped[str | None] = mapped_column(CleanText)
     samples_ms: Mapped[list[Any]] = mapped_column(default=list)
     median_ms: Mapped[float | None] = mapped_column(Float)
     floor_ms: Mapped[float | None] = mapped_column(Float)
@@ -175,11 +230,11 @@ class PIStageResult(_RunResult, Base):
     __tablename__ = "pi_stage_results"
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
-    subject: Mapped[str] = mapped_column(String(255))
-    stage: Mapped[str] = mapped_column(String(32))
-    status: Mapped[str] = mapped_column(String(16))
-    message: Mapped[str] = mapped_column(Text, default="")
-    triton_version: Mapped[str | None] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(CleanString(255))
+    stage: Mapped[str] = mapped_column(CleanString(32))
+    status: Mapped[str] = mapped_column(CleanString(16))
+    message: Mapped[str] = mapped_column(CleanText, default="")
+    triton_version: Mapped[str | None] = mapped_column(CleanString(64))
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     run: Mapped[Run] = relationship(back_populates="pi_stages")
@@ -190,13 +245,13 @@ class Diagnostic(_RunResult, Base):
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
     workload_pk: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
-    mode: Mapped[str] = mapped_column(String(32))
-    code: Mapped[str] = mapped_column(String(64))
-    node: Mapped[str] = mapped_column(Text, default="")
-    source: Mapped[str] = mapped_column(Text, default="")
-    message: Mapped[str] = mapped_column(Text, default="")
+    mode: Mapped[str] = mapped_column(CleanString(32))
+    code: Mapped[str] = mapped_column(CleanString(64))
+    node: Mapped[str] = mapped_column(CleanText, default="")
+    source: Mapped[str] = mapped_column(CleanText, default="")
+    message: Mapped[str] = mapped_column(CleanText, default="")
     transformed: Mapped[bool] = mapped_column(default=False)
-    effect: Mapped[str] = mapped_column(String(32), default="")  # disables_graphs | splits_graph | ...
+    effect: Mapped[str] = mapped_column(CleanString(32), default="")  # disables_graphs | splits_graph | ...
 
     run: Mapped[Run] = relationship(back_populates="diagnostics")
     workload: Mapped[Workload] = relationship()
@@ -210,13 +265,13 @@ class ExpectedStatus(Base):
     __table_args__ = (UniqueConstraint("cell_pattern", "suite", "workload", "mode"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    cell_pattern: Mapped[str] = mapped_column(String(128))
-    suite: Mapped[str] = mapped_column(String(32))  # correctness | performance | pi
-    workload: Mapped[str] = mapped_column(String(128))
-    mode: Mapped[str] = mapped_column(String(32))
-    status: Mapped[str] = mapped_column(String(32))
+    cell_pattern: Mapped[str] = mapped_column(CleanString(128))
+    suite: Mapped[str] = mapped_column(CleanString(32))  # correctness | performance | pi
+    workload: Mapped[str] = mapped_column(CleanString(128))
+    mode: Mapped[str] = mapped_column(CleanString(32))
+    status: Mapped[str] = mapped_column(CleanString(32))
     flaky: Mapped[bool] = mapped_column(default=False)
-    reason: Mapped[str] = mapped_column(Text, default="")
+    reason: Mapped[str] = mapped_column(CleanText, default="")
 
 
 RESULT_TABLES = (TestOutcome, CorrectnessResult, PerformanceResult, PIStageResult, Diagnostic)

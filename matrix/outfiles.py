@@ -1,0 +1,53 @@
+"""Files and folders the commands write (exports, generated documents, the site): atomic and umask-true.
+
+Problem: a file that a command writes must never be left half written (an interrupted export, a failed
+render), so it is written beside its target and renamed over it. The temporary files and folders that
+make this possible are created private (0600, 0700), and a rename keeps that mode: the published site
+and the exports would be unreadable to everyone but their writer, whatever the umask says.
+
+Design: ``replace_file`` writes through a callback into a temporary file beside the target, gives it the
+mode a plain ``open`` would have given (``0o666`` less the umask) and renames it over the target;
+``public_mode`` gives that mode (``0o777`` less the umask for folders) for callers that stage a folder.
+
+Invariant: a target is either its old content or its complete new content, never a mix; what is
+written has the mode the umask gives, as any file the user creates.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO, TypeVar
+
+_T = TypeVar("_T")
+_UMASK_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process's umask (read by setting it and setting it back, under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def public_mode(folder: bool = False) -> int:
+    """The mode a file (``0o666``) or folder (``0o777``) created now gets under the umask."""
+    return (0o777 if folder else 0o666) & ~umask()
+
+
+def replace_file(target: Path, write: Callable[[TextIO], _T]) -> _T:
+    """Call ``write`` on a text stream whose content replaces ``target`` atomically when it returns."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            result = write(out)
+        os.chmod(tmp, public_mode())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return result
