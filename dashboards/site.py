@@ -24,7 +24,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from markupsafe import Markup
@@ -33,8 +33,8 @@ from sqlalchemy.orm import Session
 
 from dashboards.charts import Point, StepMark, line_chart
 from matrix.compatibility import CompatibilityTable, build_table
-from matrix.regressions import history, loader, logical, pairwise, report
-from matrix.regressions.observations import PASSING_STATUS, CellKey, RunInfo, Suite
+from matrix.regressions import history, loader, logical, pairwise, report, status
+from matrix.regressions.observations import PASSING_STATUS, RUN_SUBJECT, CellKey, RunInfo, Suite
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
@@ -62,13 +62,17 @@ class SuiteSummary:
     counts: dict[str, int]
     state: str  # ok | warn | bad | none
     regressed: int = 0  # regressions of this suite in the run (status, pairwise and history)
+    broken_tests: int = 0  # the tests suite's failures blamed on this suite (``_blame``)
 
     @property
     def text(self) -> str:
-        if not self.counts:
+        if not self.counts and not self.broken_tests:
             return "-"
         order = [v.value for v in Verdict]
         text = ", ".join(f"{self.counts[k]} {k}" for k in order if self.counts.get(k))
+        if self.broken_tests:
+            text = f"{text}; " if text else ""
+            text += f"{self.broken_tests} test(s) failed without a result"
         return f"{text}; {self.regressed} regressed" if self.regressed else text
 
 
@@ -90,6 +94,14 @@ class GridRow:
     new_regressions: int
     regressions: int
     synthetic: bool
+    tests: SuiteSummary | None = None  # the tests suite: failures no result explains, the run's end
+
+    @property
+    def outcomes_state(self) -> str:
+        """The pytest column's colour: the tests suite's verdicts where it has any, else ok or none."""
+        if self.tests is not None and self.tests.counts:
+            return self.tests.state
+        return "ok" if self.outcomes else "none"
 
 
 @dataclass(frozen=True)
@@ -217,6 +229,27 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
     return digests, total
 
 
+def _blame(findings: Sequence[status.StatusFinding]) -> Counter[Suite]:
+    """Failures of the tests suite per suite column (Note: [Every outcome reaches a verdict]): a test's
+    failure counts in the suites whose results its test file recorded (in every suite with results when
+    its file recorded none), a run that did not complete in every suite with results (every suite when
+    there are none), so a column with a broken test is never green."""
+    files: dict[Suite, set[str]] = defaultdict(set)
+    for f in findings:
+        if f.key.suite is not Suite.TESTS and f.nodeid:
+            files[f.key.suite].add(f.nodeid.split("::", 1)[0])
+    with_results = {f.key.suite for f in findings if f.key.suite is not Suite.TESTS} or set(SUITES)
+    blamed: Counter[Suite] = Counter()
+    for f in findings:
+        if f.key.suite is not Suite.TESTS or f.verdict not in _BAD:
+            continue
+        where = f.nodeid.split("::", 1)[0]
+        owners = {suite for suite, names in files.items() if where in names}
+        for suite in owners if owners and f.key.workload != RUN_SUBJECT else with_results:
+            blamed[suite] += 1
+    return blamed
+
+
 def _grid(
     reports: Sequence[report.CellReport],
     medians: dict[int, dict[pairwise.PerfKey, float]],
@@ -225,12 +258,17 @@ def _grid(
 ) -> list[GridRow]:
     grid = []
     for cell in reports:
-        by_suite: dict[Suite, Counter[str]] = {s: Counter() for s in SUITES}
+        by_suite: dict[Suite, Counter[str]] = {s: Counter() for s in Suite}
         for f in cell.findings:
             by_suite[f.key.suite][f.verdict.value] += 1
         regressed = Counter(r.key.suite for r in cell.regressions)
+        summary = {
+            s: SuiteSummary(s.value, dict(by_suite[s]), _state(by_suite[s], bool(regressed[s])), regressed[s])
+            for s in Suite
+        }
+        blamed = _blame(cell.findings)
         summaries = tuple(
-            SuiteSummary(s.value, dict(by_suite[s]), _state(by_suite[s], bool(regressed[s])), regressed[s])
+            replace(summary[s], state="bad", broken_tests=blamed[s]) if blamed[s] else summary[s]
             for s in SUITES
         )
         run_medians = medians.get(cell.run.pk, {})
@@ -245,6 +283,7 @@ def _grid(
                 new_regressions=sum(r.new for r in cell.regressions),
                 regressions=len(cell.regressions),
                 synthetic=cell.run.cell_key in synthetic,
+                tests=summary[Suite.TESTS],
             )
         )
     return grid  # in the order of the report: natural order of cell ids
