@@ -238,7 +238,9 @@ def _blame(findings: Sequence[status.StatusFinding]) -> Counter[Suite]:
     for f in findings:
         if f.key.suite is not Suite.TESTS and f.nodeid:
             files[f.key.suite].add(f.nodeid.split("::", 1)[0])
-    with_results = {f.key.suite for f in findings if f.key.suite is not Suite.TESTS} or set(SUITES)
+    with_results: set[Suite] = {f.key.suite for f in findings if f.key.suite is not Suite.TESTS} or set(
+        SUITES
+    )
     blamed: Counter[Suite] = Counter()
     for f in findings:
         if f.key.suite is not Suite.TESTS or f.verdict not in _BAD:
