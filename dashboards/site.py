@@ -34,7 +34,14 @@ from sqlalchemy.orm import Session
 from dashboards.charts import Point, StepMark, line_chart
 from matrix.compatibility import CompatibilityTable, build_table
 from matrix.regressions import history, loader, logical, pairwise, report, status
-from matrix.regressions.observations import PASSING_STATUS, RUN_SUBJECT, CellKey, RunInfo, Suite
+from matrix.regressions.observations import (
+    PASSING_STATUS,
+    RUN_SUBJECT,
+    TEST_FAILURES,
+    CellKey,
+    RunInfo,
+    Suite,
+)
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
@@ -98,9 +105,12 @@ class GridRow:
 
     @property
     def outcomes_state(self) -> str:
-        """The pytest column's colour: the tests suite's verdicts where it has any, else ok or none."""
+        """The pytest column's colour: the tests suite's verdicts where it has any; else warn for failed
+        tests whose own records carry their verdicts; else ok, or none without outcomes."""
         if self.tests is not None and self.tests.counts:
             return self.tests.state
+        if any(self.outcomes.get(o) for o in TEST_FAILURES):
+            return "warn"
         return "ok" if self.outcomes else "none"
 
 

@@ -371,6 +371,10 @@ def _test_file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _files(observations: Iterable[Observation], suites: Collection[Suite]) -> set[str]:
+    return {_test_file(o.nodeid) for o in observations if o.key.suite in suites and o.nodeid}
+
+
 def _blame_test_failures(
     observations: Sequence[Observation], judged: dict[Part, list[Observation]]
 ) -> dict[Part, list[Observation]]:
@@ -496,11 +500,14 @@ def build_table(
     rank = {cell_id: i for i, cell_id in enumerate(order)}
     rows = []
     for run in chosen:
-        merged = logical.merge_latest(run, per_pk, lambda o: o.key)
+        # Judged over every suite first: a test's own performance record may explain its failure.
+        merged = status.bearing_verdicts(logical.merge_latest(run, per_pk, lambda o: o.key))
+        performance_only = _files(merged, {Suite.PERFORMANCE}) - _files(merged, {Suite.CORRECTNESS, Suite.PI})
         wanted = [
             o
             for o in merged
             if o.key.suite is not Suite.PERFORMANCE
+            and not (o.key.suite is Suite.TESTS and _test_file(o.nodeid) in performance_only)
             and (not workloads or any(fnmatch.fnmatchcase(o.key.workload, w) for w in workloads))
         ]
         observations = sorted(status.merge_observations(wanted).values(), key=lambda o: o.key)

@@ -151,7 +151,7 @@ def test_a_cell_whose_tests_fail_without_results_fails_every_reader(
     assert 'class="bad"' in rows["broken"] and "2 test(s) failed without a result" in rows["broken"]
     assert 'class="bad"' not in rows["fine"]
     compatibility = (site / "compatibility.html").read_text(encoding="utf-8")
-    assert re.search(r"<strong>broken</strong>.*?class=\"bad\">FAIL 1/3", compatibility, re.S), compatibility
+    assert re.search(r">broken</a></td>.*?class=\"bad\">FAIL 1/3</td>", compatibility, re.S), compatibility
 
     # expected.toml covers one failure: the other still breaks the cell; covering both makes it pass.
     entry = '[[expected]]\nsuite = "tests"\nworkload = "*::{}"\nmode = "pytest"\nstatus = "{}"\n'
@@ -189,17 +189,17 @@ def test_a_hung_cell_is_stopped_at_its_deadline_and_recorded_crashed(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = _project(tmp_path, {"hang": HANG}, deadline_minutes=0.25)
+    config = _project(tmp_path, {"hang": HANG}, deadline_minutes=0.5)
     db = f"sqlite:///{tmp_path / 'store.sqlite'}"
     monkeypatch.chdir(tmp_path)
     started = time.monotonic()
     assert _run(config, db, "hang", "h1", "-n", "2") == 1  # crashed
-    assert time.monotonic() - started < 15 + 60, "the deadline did not stop the cell"
+    assert time.monotonic() - started < 30 + 60, "the deadline did not stop the cell"
     Session = open_store(db)
     with Session() as session:
         run = session.scalars(select(Run)).one()
         subjects = list(session.scalars(select(PIStageResult.subject)))
-    assert run.status == "crashed" and "deadline of 0.25 min" in run.message
+    assert run.status == "crashed" and "deadline of 0.5 min" in run.message
     assert subjects == ["k_before_the_hang"]  # what it recorded before the deadline is kept
     pid = int((tmp_path / "checks" / "hang" / "hang.pid").read_text())
     for _ in range(100):  # the hung worker went with its process group
