@@ -263,3 +263,34 @@ def test_expected_toml_takes_tests_entries_and_refuses_a_wrong_mode() -> None:
         expectations_from_mapping({"format": 1, "expected": [{**entry, "mode": "call"}]})
     with pytest.raises(RegressionsConfigError, match="not a tests status"):
         expectations_from_mapping({"format": 1, "expected": [{**entry, "status": "pass"}]})
+
+
+def test_nox_matrix_ends_with_a_summary_that_fails_on_a_broken_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matrix session queues every cell, then the dashboard, and last ``summary --check``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grace_noxfile", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+
+    class Session:
+        def __init__(self) -> None:
+            self.posargs = ["--cell", "triton-3.7", "--label", "m-test"]
+            self.notified: list[tuple[str, list[str]]] = []
+
+        def log(self, *args: object) -> None:
+            pass
+
+        def error(self, message: str) -> None:
+            raise AssertionError(message)
+
+        def notify(self, name: str, posargs: list[str] | None = None) -> None:
+            self.notified.append((name, list(posargs or [])))
+
+    monkeypatch.delenv("GRACE_MATRIX_LABEL", raising=False)
+    session = Session()
+    noxfile.matrix(session)
+    names = [name for name, _ in session.notified]
+    assert names[0] == "cell(triton-3.7)" and names[-1] == "summary"
+    assert session.notified[-1][1] == ["--label", "m-test", "--check"]
