@@ -142,12 +142,13 @@ class PIStackRow:
     cells: tuple[str, ...]
     stages: dict[str, dict[str, int]]  # stage -> status -> count
     failures: tuple[PIFailure, ...]
+    broken_tests: int = 0  # PI tests that failed without a result (Note: [Every outcome reaches a verdict])
 
     def state(self, stage: str) -> str:
         counts = self.stages.get(stage, {})
         if not counts:
             return "none"
-        if counts.get("fail"):
+        if counts.get("fail") or self.broken_tests:  # a stage is not shown passing beside a dead test
             return "bad"
         return "ok" if counts.get("pass") else "warn"
 
@@ -301,7 +302,9 @@ def _grid(
     return grid  # in the order of the report: natural order of cell ids
 
 
-def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
+def _pi_rows(
+    session: Session, latest: Sequence[RunInfo], reports: Sequence[report.CellReport] = ()
+) -> list[PIStackRow]:
     per_pk: dict[int, list[loader.PIRow]] = defaultdict(list)
     for row in loader.load_pi_rows(session, [pk for r in latest for pk in r.pks]):
         per_pk[row.run_pk].append(row)
@@ -324,6 +327,22 @@ def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
             entry["failures"].append(
                 PIFailure(run.cell_id, run.uid, row.subject, row.stage, row.status, row.message, row.nodeid)
             )
+    pi_files = {row.nodeid.split("::", 1)[0] for rows in per_pk.values() for row in rows if row.nodeid}
+    for cell in reports:  # tests of a PI test file that failed without a result, and unfinished runs
+        run = cell.run
+        ident = (run.triton_version or "-", run.torch_version or "-", run.cuda_runtime or "-")
+        for f in cell.findings:
+            where = f.nodeid.split("::", 1)[0]
+            if f.key.suite is Suite.TESTS and f.verdict in _BAD and (where in pi_files or not f.nodeid):
+                entry = stacks.setdefault(
+                    ident, {"cells": {run.cell_id}, "stages": defaultdict(Counter), "failures": []}
+                )
+                entry.setdefault("broken", 0)
+                entry["broken"] += 1
+                subject = f.key.workload if f.nodeid else f"the run ({f.actual})"
+                entry["failures"].append(
+                    PIFailure(run.cell_id, run.uid, subject, "tests", f.actual or "", f.message, f.nodeid)
+                )
     result = []
     for (triton, torch, cuda), entry in stacks.items():
         if not entry["stages"]:
@@ -340,6 +359,7 @@ def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
                 tuple(sorted(entry["cells"])),
                 {k: dict(v) for k, v in entry["stages"].items()},
                 tuple(failures),
+                entry.get("broken", 0),
             )
         )
     return sorted(result, key=lambda r: (r.triton, r.torch, r.cuda), reverse=True)
@@ -448,7 +468,7 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
         grid=tuple(_grid(detected.cells, medians, outcomes, synthetic)),
         regressions=tuple(regressions),
         improvements=tuple(improvements),
-        pi_rows=tuple(_pi_rows(session, latest)),
+        pi_rows=tuple(_pi_rows(session, latest, detected.cells)),
         workloads=tuple(workloads),
         digests=tuple(digests),
         pairs=pairs,

@@ -152,6 +152,8 @@ def test_a_cell_whose_tests_fail_without_results_fails_every_reader(
     assert 'class="bad"' not in rows["fine"]
     compatibility = (site / "compatibility.html").read_text(encoding="utf-8")
     assert re.search(r">broken</a></td>.*?class=\"bad\">FAIL 1/3</td>", compatibility, re.S), compatibility
+    pi = (site / "pi.html").read_text(encoding="utf-8")
+    assert re.search(r'class="bad">\d+ pass', pi) and "test_dies_before_its_result" in pi  # not green
 
     # expected.toml covers one failure: the other still breaks the cell; covering both makes it pass.
     entry = '[[expected]]\nsuite = "tests"\nworkload = "*::{}"\nmode = "pytest"\nstatus = "{}"\n'
