@@ -296,3 +296,21 @@ def test_nox_matrix_ends_with_a_summary_that_fails_on_a_broken_cell(monkeypatch:
     names = [name for name, _ in session.notified]
     assert names[0] == "cell(triton-3.7)" and names[-1] == "summary"
     assert session.notified[-1][1] == ["--label", "m-test", "--check"]
+
+
+def test_a_cells_deadline_comes_from_its_kind_or_itself_and_is_checked(tmp_path: Path) -> None:
+    from matrix.cells import load_matrix, parse_matrix
+    from matrix.errors import ConfigError
+
+    shipped = load_matrix(REPO / "matrix.toml")
+    assert all(c.deadline_s for c in shipped.cells), "every shipped cell has a deadline from its kind"
+    base = {"format": 1, "default_tag": "t", "kinds": {"current": {"deadline_minutes": 5}}}
+    cells = [
+        {"id": "a", "kind": "current", "tags": ["t"]},
+        {"id": "b", "kind": "current", "deadline_minutes": 0.5},
+    ]
+    matrix = parse_matrix({**base, "cells": cells})
+    assert matrix.cell("a").deadline_s == 300 and matrix.cell("b").deadline_s == 30
+    for bad in (0, -1, "10", 10**9):
+        with pytest.raises(ConfigError, match="deadline_minutes"):
+            parse_matrix({**base, "cells": [{**cells[0], "deadline_minutes": bad}]})
