@@ -7,7 +7,9 @@
   be built is recorded in the store as ``install_failed`` and fails alone. The ``current`` cell uses the
   interpreter running nox as it is.
 - ``matrix``: selects cells (``-- --tag nightly``, ``-- --cell torch-2.4``; default: the matrix's
-  default tag), queues their sessions, then ``summary`` (and ``dashboard`` once that command exists).
+  default tag), queues their sessions, then ``dashboard`` and last ``summary --check``, which fails
+  (so ``nox -s matrix`` exits non-zero) with one line per broken cell: a result failing against
+  expected.toml, a test that failed without recording its result, a run that crashed or hit its deadline.
 - ``published``: the committed exports (``results/*.jsonl``) in a fresh store, then
   ``docs/COMPATIBILITY.md`` and the dashboard (``site/``) from it.
 - ``tests``, ``lint``, ``summary``, ``dashboard``.
@@ -109,9 +111,10 @@ def matrix(session: nox.Session) -> None:
             session.log(f"passing over {spec.id}: {exclusion.reason}")
             continue
         session.notify(f"cell({spec.id})", posargs=pytest_args)
-    session.notify("summary", posargs=["--label", label])
     if "dashboard" in COMMAND_MODULES:
         session.notify("dashboard", posargs=[])  # not the matrix's own arguments
+    # Last, after every cell ran: the runs of the label, and a failure with one line per broken cell.
+    session.notify("summary", posargs=["--label", label, "--check"])
 
 
 def _install_project(session: nox.Session) -> None:

@@ -24,7 +24,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from markupsafe import Markup
@@ -34,8 +34,15 @@ from sqlalchemy.orm import Session
 from dashboards.charts import Point, StepMark, line_chart
 from dashboards.fuzz import FuzzRow, fuzz_rows
 from matrix.compatibility import CompatibilityTable, build_table
-from matrix.regressions import history, loader, logical, pairwise, report
-from matrix.regressions.observations import PASSING_STATUS, CellKey, RunInfo, Suite
+from matrix.regressions import history, loader, logical, pairwise, report, status
+from matrix.regressions.observations import (
+    PASSING_STATUS,
+    RUN_SUBJECT,
+    TEST_FAILURES,
+    CellKey,
+    RunInfo,
+    Suite,
+)
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
@@ -79,13 +86,17 @@ class SuiteSummary:
     counts: dict[str, int]
     state: str  # ok | warn | bad | none
     regressed: int = 0  # regressions of this suite in the run (status, pairwise and history)
+    broken_tests: int = 0  # the tests suite's failures blamed on this suite (``_blame``)
 
     @property
     def text(self) -> str:
-        if not self.counts:
+        if not self.counts and not self.broken_tests:
             return "-"
         order = [v.value for v in Verdict]
         text = ", ".join(f"{self.counts[k]} {k}" for k in order if self.counts.get(k))
+        if self.broken_tests:
+            text = f"{text}; " if text else ""
+            text += f"{self.broken_tests} test(s) failed without a result"
         return f"{text}; {self.regressed} regressed" if self.regressed else text
 
 
@@ -107,6 +118,17 @@ class GridRow:
     new_regressions: int
     regressions: int
     synthetic: bool
+    tests: SuiteSummary | None = None  # the tests suite: failures no result explains, the run's end
+
+    @property
+    def outcomes_state(self) -> str:
+        """The pytest column's colour: the tests suite's verdicts where it has any; else warn for failed
+        tests whose own records carry their verdicts; else ok, or none without outcomes."""
+        if self.tests is not None and self.tests.counts:
+            return self.tests.state
+        if any(self.outcomes.get(o) for o in TEST_FAILURES):
+            return "warn"
+        return "ok" if self.outcomes else "none"
 
 
 @dataclass(frozen=True)
@@ -137,12 +159,13 @@ class PIStackRow:
     cells: tuple[str, ...]
     stages: dict[str, dict[str, int]]  # stage -> status -> count
     failures: tuple[PIFailure, ...]
+    broken_tests: int = 0  # PI tests that failed without a result (Note: [Every outcome reaches a verdict])
 
     def state(self, stage: str) -> str:
         counts = self.stages.get(stage, {})
         if not counts:
             return "none"
-        if counts.get("fail"):
+        if counts.get("fail") or self.broken_tests:  # a stage is not shown passing beside a dead test
             return "bad"
         return "ok" if counts.get("pass") else "warn"
 
@@ -235,6 +258,29 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
     return digests, total
 
 
+def _blame(findings: Sequence[status.StatusFinding]) -> Counter[Suite]:
+    """Failures of the tests suite per suite column (Note: [Every outcome reaches a verdict]): a test's
+    failure counts in the suites whose results its test file recorded (in every suite with results when
+    its file recorded none), a run that did not complete in every suite with results (every suite when
+    there are none), so a column with a broken test is never green."""
+    files: dict[Suite, set[str]] = defaultdict(set)
+    for f in findings:
+        if f.key.suite is not Suite.TESTS and f.nodeid:
+            files[f.key.suite].add(f.nodeid.split("::", 1)[0])
+    with_results: set[Suite] = {f.key.suite for f in findings if f.key.suite is not Suite.TESTS} or set(
+        SUITES
+    )
+    blamed: Counter[Suite] = Counter()
+    for f in findings:
+        if f.key.suite is not Suite.TESTS or f.verdict not in _BAD:
+            continue
+        where = f.nodeid.split("::", 1)[0]
+        owners = {suite for suite, names in files.items() if where in names}
+        for suite in owners if owners and f.key.workload != RUN_SUBJECT else with_results:
+            blamed[suite] += 1
+    return blamed
+
+
 def _grid(
     reports: Sequence[report.CellReport],
     medians: dict[int, dict[pairwise.PerfKey, float]],
@@ -243,12 +289,17 @@ def _grid(
 ) -> list[GridRow]:
     grid = []
     for cell in reports:
-        by_suite: dict[Suite, Counter[str]] = {s: Counter() for s in SUITES}
+        by_suite: dict[Suite, Counter[str]] = {s: Counter() for s in Suite}
         for f in cell.findings:
             by_suite[f.key.suite][f.verdict.value] += 1
         regressed = Counter(r.key.suite for r in cell.regressions)
+        summary = {
+            s: SuiteSummary(s.value, dict(by_suite[s]), _state(by_suite[s], bool(regressed[s])), regressed[s])
+            for s in Suite
+        }
+        blamed = _blame(cell.findings)
         summaries = tuple(
-            SuiteSummary(s.value, dict(by_suite[s]), _state(by_suite[s], bool(regressed[s])), regressed[s])
+            replace(summary[s], state="bad", broken_tests=blamed[s]) if blamed[s] else summary[s]
             for s in SUITES
         )
         run_medians = medians.get(cell.run.pk, {})
@@ -263,12 +314,15 @@ def _grid(
                 new_regressions=sum(r.new for r in cell.regressions),
                 regressions=len(cell.regressions),
                 synthetic=cell.run.cell_key in synthetic,
+                tests=summary[Suite.TESTS],
             )
         )
     return grid  # in the order of the report: natural order of cell ids
 
 
-def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
+def _pi_rows(
+    session: Session, latest: Sequence[RunInfo], reports: Sequence[report.CellReport] = ()
+) -> list[PIStackRow]:
     per_pk: dict[int, list[loader.PIRow]] = defaultdict(list)
     for row in loader.load_pi_rows(session, [pk for r in latest for pk in r.pks]):
         per_pk[row.run_pk].append(row)
@@ -291,6 +345,22 @@ def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
             entry["failures"].append(
                 PIFailure(run.cell_id, run.uid, row.subject, row.stage, row.status, row.message, row.nodeid)
             )
+    pi_files = {row.nodeid.split("::", 1)[0] for rows in per_pk.values() for row in rows if row.nodeid}
+    for cell in reports:  # tests of a PI test file that failed without a result, and unfinished runs
+        run = cell.run
+        ident = (run.triton_version or "-", run.torch_version or "-", run.cuda_runtime or "-")
+        for f in cell.findings:
+            where = f.nodeid.split("::", 1)[0]
+            if f.key.suite is Suite.TESTS and f.verdict in _BAD and (where in pi_files or not f.nodeid):
+                entry = stacks.setdefault(
+                    ident, {"cells": {run.cell_id}, "stages": defaultdict(Counter), "failures": []}
+                )
+                entry.setdefault("broken", 0)
+                entry["broken"] += 1
+                subject = f.key.workload if f.nodeid else f"the run ({f.actual})"
+                entry["failures"].append(
+                    PIFailure(run.cell_id, run.uid, subject, "tests", f.actual or "", f.message, f.nodeid)
+                )
     result = []
     for (triton, torch, cuda), entry in stacks.items():
         if not entry["stages"]:
@@ -307,6 +377,7 @@ def _pi_rows(session: Session, latest: Sequence[RunInfo]) -> list[PIStackRow]:
                 tuple(sorted(entry["cells"])),
                 {k: dict(v) for k, v in entry["stages"].items()},
                 tuple(failures),
+                entry.get("broken", 0),
             )
         )
     return sorted(result, key=lambda r: (r.triton, r.torch, r.cuda), reverse=True)
@@ -416,7 +487,7 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
         grid=tuple(_grid(detected.cells, medians, outcomes, synthetic)),
         regressions=tuple(regressions),
         improvements=tuple(improvements),
-        pi_rows=tuple(_pi_rows(session, latest)),
+        pi_rows=tuple(_pi_rows(session, latest, detected.cells)),
         workloads=tuple(workloads),
         digests=tuple(digests),
         pairs=pairs,

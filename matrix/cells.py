@@ -117,6 +117,7 @@ class CellSpec:
     markers: str | None
     extras: tuple[str, ...]
     description: str = ""
+    deadline_s: float | None = None  # the cell's pytest is stopped after this long (None: never)
 
     @property
     def cuda_variant(self) -> str | None:
@@ -296,7 +297,7 @@ class _Reader:
 
 
 _TOP_KEYS = ("format", "default_tag", "defaults", "kinds", "indexes", "cells", "exclude")
-_SETTING_KEYS = ("installer", "tier", "tags", "paths", "markers", "extras")
+_SETTING_KEYS = ("installer", "tier", "tags", "paths", "markers", "extras", "deadline_minutes")
 _CELL_KEYS = ("id", "kind", "torch", "triton", "cuda", "description", *_SETTING_KEYS)
 
 
@@ -418,6 +419,9 @@ def _parse_cell(
     tier = merged.get("tier", str, "smoke")
     if tier not in TIERS:
         merged.fail(f"{tier!r} is not a suite tier ({', '.join(TIERS)})", "tier")
+    deadline = merged.get("deadline_minutes", (int, float))
+    if deadline is not None and not 0 < deadline <= 7 * 24 * 60:
+        merged.fail(f"{deadline!r} is not a number of minutes between 0 and a week", "deadline_minutes")
     return CellSpec(
         id=cell_id,
         kind=kind,
@@ -431,4 +435,5 @@ def _parse_cell(
         markers=markers or None,
         extras=merged.strings("extras", (), _EXTRA_RE),
         description=r.get("description", str, ""),
+        deadline_s=None if deadline is None else float(deadline) * 60,
     )

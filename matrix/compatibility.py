@@ -25,7 +25,10 @@ result key the latest run that recorded it wins. Its results are split into part
 ``import``, ``backend`` and ``cgct`` do not apply to triton-only cells (no torch there). ``skip`` and
 ``model_fail_to_load`` are not judged (counted per reason instead); a failure that an expectation covers
 (``matrix.regressions.status.judge_one`` says XFAIL or FLAKY) is expected, with the expectation's reason.
-An ``install_failed`` run fails every part that applies, with the run's message as the reason.
+An ``install_failed`` run fails every part that applies, with the run's message as the reason. A test
+that failed without recording the result that explains it, and a run that did not complete (the
+``tests`` suite, Note: [Every outcome reaches a verdict]), fail the parts whose results that test's
+file recorded (every judged part for a run, or for a file that recorded none).
 
 Verdict of a part: ``fail`` when any failure is not expected; else ``expected-fail`` when nothing passed
 and ``partial`` when something did; else ``pass``; ``not-run`` when nothing was judged; ``n/a``.
@@ -51,7 +54,7 @@ from sqlalchemy.orm import Session
 from matrix.errors import ConfigError
 from matrix.redact import redact
 from matrix.regressions import loader, logical, status
-from matrix.regressions.observations import Observation, ResultKey, RunInfo, Suite, natural_key
+from matrix.regressions.observations import RUN_SUBJECT, Observation, ResultKey, RunInfo, Suite, natural_key
 from matrix.regressions.status import Expectation
 from matrix.store.models import Diagnostic, RunStatus
 from suites.modes import Mode
@@ -344,21 +347,50 @@ def judge_cell(
     def pi(stages: Collection[str]) -> list[Observation]:
         return [o for o in observations if o.key.suite is Suite.PI and o.key.mode in stages]
 
+    judged: dict[Part, list[Observation]] = {}
+    if not triton_only:
+        judged[Part.BACKEND] = correctness(GPU_MODES if has_gpu else CPU_MODES)
+        judged[Part.CGCT] = correctness((CGCT_MODE,))
+    judged[Part.PTX] = pi(PTX_STAGES)
+    if has_gpu:
+        judged[Part.GPU] = pi(GPU_STAGES) + correctness(GPU_MODES)
+    blamed = _blame_test_failures(observations, judged)
     parts: list[PartResult] = []
     if triton_only:
         parts += [PartResult(p, Verdict.NOT_APPLICABLE, note=NO_TORCH) for p in TORCH_PARTS]
     else:
         parts.append(judge_import(run.cell_id, observations, diagnostics, expectations))
-        backend = correctness(GPU_MODES if has_gpu else CPU_MODES)
-        parts.append(judge_part(Part.BACKEND, run.cell_id, backend, expectations))
-        parts.append(judge_part(Part.CGCT, run.cell_id, correctness((CGCT_MODE,)), expectations))
-    parts.append(judge_part(Part.PTX, run.cell_id, pi(PTX_STAGES), expectations))
-    if has_gpu:
-        gpu = pi(GPU_STAGES) + correctness(GPU_MODES)
-        parts.append(judge_part(Part.GPU, run.cell_id, gpu, expectations))
-    else:
+    for part, results in judged.items():
+        parts.append(judge_part(part, run.cell_id, [*results, *blamed[part]], expectations))
+    if not has_gpu:
         parts.append(PartResult(Part.GPU, Verdict.NOT_RUN, note="no GPU in this cell"))
     return tuple(parts)
+
+
+def _test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _files(observations: Iterable[Observation], suites: Collection[Suite]) -> set[str]:
+    return {_test_file(o.nodeid) for o in observations if o.key.suite in suites and o.nodeid}
+
+
+def _blame_test_failures(
+    observations: Sequence[Observation], judged: dict[Part, list[Observation]]
+) -> dict[Part, list[Observation]]:
+    """The judged failures of the ``tests`` suite (Note: [Every outcome reaches a verdict]) per part: a
+    test's failure counts against the parts whose results its test file recorded (against every judged
+    part when its file recorded none); a run that did not complete counts against every judged part."""
+    failures = [o for o in status.bearing_verdicts(observations) if o.key.suite is Suite.TESTS]
+    files = {part: {_test_file(o.nodeid) for o in results if o.nodeid} for part, results in judged.items()}
+    known = set().union(*files.values()) if files else set()
+    blamed: dict[Part, list[Observation]] = {part: [] for part in judged}
+    for failure in failures:
+        where = _test_file(failure.nodeid)
+        for part in judged:
+            if failure.key.workload == RUN_SUBJECT or where in files[part] or where not in known:
+                blamed[part].append(failure)
+    return blamed
 
 
 # -- selection ------------------------------------------------------------------------------------------
@@ -468,11 +500,14 @@ def build_table(
     rank = {cell_id: i for i, cell_id in enumerate(order)}
     rows = []
     for run in chosen:
-        merged = logical.merge_latest(run, per_pk, lambda o: o.key)
+        # Judged over every suite first: a test's own performance record may explain its failure.
+        merged = status.bearing_verdicts(logical.merge_latest(run, per_pk, lambda o: o.key))
+        performance_only = _files(merged, {Suite.PERFORMANCE}) - _files(merged, {Suite.CORRECTNESS, Suite.PI})
         wanted = [
             o
             for o in merged
             if o.key.suite is not Suite.PERFORMANCE
+            and not (o.key.suite is Suite.TESTS and _test_file(o.nodeid) in performance_only)
             and (not workloads or any(fnmatch.fnmatchcase(o.key.workload, w) for w in workloads))
         ]
         observations = sorted(status.merge_observations(wanted).values(), key=lambda o: o.key)

@@ -25,8 +25,10 @@ Invariants:
   cell id, and their row counts per table), never taken from the child's output.
 - A cell that outlives ``timeout_s`` is terminated with its whole process group and reported as timed
   out; an interrupted nightly terminates every child it started.
-- The nightly succeeds only when every cell process exited 0 with a finished run in the store and no
-  new regression was found.
+- The nightly succeeds only when every cell process exited 0 with a finished run in the store, no
+  new regression was found and no cell of its label is broken (``matrix.regressions.broken``: an
+  unexpected failure, a test that failed without its result, a run that did not complete), which is
+  judged after every cell ran and reported one line per broken cell.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from matrix.cells import CellKind, CellSpec, Matrix
 from matrix.commands import COMMAND_MODULES
 from matrix.recorder import ENV_CELL, ENV_LABEL
+from matrix.regressions.broken import BrokenCell, broken_cells
+from matrix.regressions.errors import RegressionsError
+from matrix.regressions.expected import DEFAULT_FILE, load_expected_file
+from matrix.regressions.report import detect
+from matrix.regressions.thresholds import load_thresholds
 from matrix.store.db import ENV_DB, display_url, open_store, sqlite_path
 from matrix.store.models import RESULT_TABLES, Cell, Run, RunStatus
 from matrix.transfer import RunFilter, TransferStats, export_jsonl, ingest_jsonl
@@ -149,6 +156,7 @@ class NightlyReport:
     cells: tuple[CellOutcome, ...]
     merged: dict[str, Any] | None
     steps: tuple[StepOutcome, ...]
+    broken: tuple[BrokenCell, ...] = ()  # cells of the label with unexpected failures (``judge_label``)
 
     @property
     def new_regressions(self) -> bool:
@@ -157,7 +165,7 @@ class NightlyReport:
     @property
     def ok(self) -> bool:
         steps_ok = all(s.skipped is not None or s.exit_code == 0 for s in self.steps)
-        return all(c.ok for c in self.cells) and steps_ok
+        return all(c.ok for c in self.cells) and steps_ok and not self.broken
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +180,7 @@ class NightlyReport:
                 {**dataclasses.asdict(s), "output": None if s.output is None else str(s.output)}
                 for s in self.steps
             ],
+            "broken": [{**dataclasses.asdict(b), "line": b.line()} for b in self.broken],
         }
 
 
@@ -439,6 +448,27 @@ def run_nightly(options: NightlyOptions, progress: Callable[[str], None] = lambd
                 if step.skipped
                 else f"{step.name}: exit {step.exit_code}; output {step.output}"
             )
+    broken = judge_label(options.target_url, options.label, options.project_root)
+    for found in broken:
+        progress(f"{found.line()}; log {options.workdir / 'logs' / f'{found.cell_id}.log'}")
     return NightlyReport(
-        options.label, options.mode, display_url(options.target_url), outcomes, merged, tuple(steps)
+        options.label, options.mode, display_url(options.target_url), outcomes, merged, tuple(steps), broken
     )
+
+
+def judge_label(target_url: str, label: str, project_root: Path) -> tuple[BrokenCell, ...]:
+    """The cells of ``label`` in the target store with unexpected failures, judged as ``regressions``
+    judges them (the project's expected.toml, read and not written; the shipped thresholds)."""
+    expected = project_root / DEFAULT_FILE
+    expectations = load_expected_file(expected) if expected.is_file() else None
+    thresholds = load_thresholds(None)
+    Session = _open_store(target_url)
+    try:
+        with Session() as session:
+            try:
+                report = detect(session, thresholds, run_spec=label, expectations=expectations)
+            except RegressionsError:
+                return ()  # no finished run of the label: the cells' own outcomes say why
+    finally:
+        Session.kw["bind"].dispose()
+    return tuple(broken_cells(report, thresholds.status.fail_on))

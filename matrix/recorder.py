@@ -15,6 +15,9 @@ own transaction, so a crash loses at most the report being written. The run row 
 
 Invariants:
 - One ``TestOutcome`` per test node id per run; a later phase may only make it worse (teardown error).
+  A failing outcome's message starts with its phase (``call: ...``, ``teardown: ...``, ``worker: ...``):
+  a test that fails without recording a result is judged from this row alone (the ``tests`` suite,
+  Note: [Every outcome reaches a verdict] in matrix.regressions.observations).
 - A record is keyed ``<nodeid>#<n>``, n its position among the test's records; a key is written once.
 - A report that cannot be written (after retries) is counted, logged and reported at session end
   (the run's message says how many); it never stops the test session. A record field the schema has no
@@ -82,6 +85,7 @@ _MODELS: dict[type[Any], type[Any]] = {
     DiagnosticRecord: Diagnostic,
 }
 _RANK = {"passed": 0, "skipped": 1, "error": 2, "failed": 3, "crashed": 4}
+_FAILURES = ("error", "failed", "crashed")
 _COMPLETE_EXIT = {
     pytest.ExitCode.OK: None,
     pytest.ExitCode.TESTS_FAILED: None,
@@ -241,6 +245,8 @@ class Recorder:
         if changed:
             state.outcome = outcome
             state.message = _message_of(report, outcome) if not problems else state.message
+            if outcome in _FAILURES:  # which phase failed, for every reader (Note: [Every outcome ...])
+                state.message = f"{_phase_of(report)}: {state.message or 'no message'}"
         if not changed and not records:
             return
         for attempt in range(1, _MAX_ATTEMPTS + 1):
@@ -338,6 +344,13 @@ def _phase_outcome(report: pytest.TestReport) -> str | None:
     if report.when == "setup" and report.skipped:
         return "skipped"
     return None
+
+
+def _phase_of(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """``collect``, ``setup``, ``call``, ``teardown``, or ``worker`` for xdist's report of a dead worker."""
+    if isinstance(report, pytest.CollectReport):
+        return "collect"
+    return report.when if report.when in ("setup", "call", "teardown") else "worker"
 
 
 def _message_of(report: pytest.TestReport | pytest.CollectReport, outcome: str | None) -> str | None:

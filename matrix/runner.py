@@ -5,19 +5,25 @@ pytest could not run them (usage or collection error), the process died (killed,
 driver fault), or the environment could not even be built. The recording plugin inside pytest can only
 witness the first two; a dead process cannot mark its own run.
 
-Design: ``run_cell`` starts pytest as a child process with the recorder and a run uid chosen here, waits,
-and then settles the run row from the child's exit status: a signal means ``crashed``, pytest's usage,
+Design: ``run_cell`` starts pytest as a child process, in a process group of its own, with the recorder
+and a run uid chosen here, waits at most the cell's deadline (matrix.toml ``deadline_minutes``), and then
+settles the run row from the child's exit status: a signal means ``crashed``, pytest's usage,
 internal-error and interrupt codes mean ``failed``, and a run the child never created is created here
-with that status. ``record_install_failure`` files a run for a cell whose environment could not be
-built. The pytest workers (``-n``) come from pytest-xdist when it is installed.
+with that status. At the deadline the whole group is stopped (SIGTERM, then SIGKILL): a pytest-xdist
+controller whose worker died under ``--dist=loadgroup`` waits forever, and only a watchdog outside it
+can end the cell; the run is then ``crashed``, with what it recorded until then.
+``record_install_failure`` files a run for a cell whose environment could not be built. The pytest
+workers (``-n``) come from pytest-xdist when it is installed.
 
 Invariants:
-- After ``run_cell`` returns, the run with its uid exists and is not ``running``.
+- After ``run_cell`` returns, the run with its uid exists and is not ``running``; a run stopped at its
+  deadline is ``crashed``, and no process of its group is left.
 - The store URL never appears in the recorded command line (it may carry a password).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -25,7 +31,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -41,6 +48,7 @@ ENV_TIER = "GRACE_SUITE_TIER"
 ENV_CELL = "GRACE_MATRIX_CELL"
 ENV_LABEL = "GRACE_MATRIX_LABEL"
 PYTEST_COMPLETE = (0, 1, 5)  # ok, tests failed, no tests collected: the suites ran
+_GRACE_S = 10.0  # between SIGTERM and SIGKILL of a stopped cell's process group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +107,73 @@ def run_cell(
     paths = [str(project_root), own_root, env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     logger.info("running %s", command_line(argv))
+    code, stopped = run_until(argv, project_root, env, cell.deadline_s)
+    stop = None
+    if stopped:
+        minutes = f"{cell.deadline_s / 60:g}" if cell.deadline_s else "?"
+        stop = (
+            f"pytest was stopped at the cell's deadline of {minutes} min (matrix.toml deadline_minutes): "
+            "a test hung or an xdist worker died; the results recorded until then are kept"
+        )
+        logger.error("cell %s: %s", cell.id, stop)
+    return settle_run(Session, cell, uid, code, label, argv, stopped=stop)
+
+
+def run_until(
+    argv: Sequence[str], cwd: Path, env: dict[str, str], deadline_s: float | None
+) -> tuple[int, bool]:
+    """Run ``argv`` in a process group of its own; at ``deadline_s`` stop the whole group (SIGTERM, then
+    SIGKILL after a grace period), so a pytest whose xdist worker died cannot hang the cell. The exit
+    status (negative: the signal) and whether the deadline stopped it. Ctrl-C and a SIGTERM of this
+    process (a nightly or CI job ending the cell) reach the group too, since it is not this one's."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True)
+    with _terminate_raises():
+        try:
+            return proc.wait(timeout=deadline_s), False
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            return proc.wait(), True
+        except (KeyboardInterrupt, _Terminated) as exc:
+            number = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+            _signal_group(proc, number)
+            try:
+                proc.wait(timeout=_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _stop_group(proc)
+            return -number, False
+
+
+class _Terminated(Exception):
+    """This process received SIGTERM while its cell's pytest ran."""
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM raises ``_Terminated`` inside the block (main thread only; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(number: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        code = subprocess.call(argv, cwd=project_root, env=env)
-    except KeyboardInterrupt:
-        code = -signal.SIGINT
-    return settle_run(Session, cell, uid, code, label, argv)
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, number)  # the group's id is the child's pid (start_new_session)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    _signal_group(proc, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_GRACE_S)
+    _signal_group(proc, signal.SIGKILL)  # workers that outlived their controller, too
 
 
 def settle_run(
@@ -113,9 +183,13 @@ def settle_run(
     code: int,
     label: str | None,
     argv: Sequence[str],
+    stopped: str | None = None,
 ) -> RunResult:
-    """Mark the run from the child's exit status; create it if the child never did."""
-    if code < 0:
+    """Mark the run from the child's exit status; create it if the child never did. ``stopped``: why the
+    child was stopped (its deadline); the run is then ``crashed`` with that message, whatever it says."""
+    if stopped is not None:
+        status, message = RunStatus.CRASHED, stopped
+    elif code < 0:
         status, message = RunStatus.CRASHED, f"pytest was killed by {_signal_name(-code)}"
     elif code in PYTEST_COMPLETE:
         status, message = RunStatus.COMPLETE, None
@@ -138,6 +212,9 @@ def settle_run(
             if status is RunStatus.COMPLETE:
                 status, message = RunStatus.FAILED, "pytest exited without finishing its run"
             finish_run(session, run, status, exit_code=code, message=message)
+        elif stopped is not None:  # it finished its run as it was being stopped: still stopped
+            run.status, run.exit_code = RunStatus.CRASHED.value, code
+            run.message = stopped if not run.message else f"{run.message}; {stopped}"
         final = RunResult(uid, cell.id, RunStatus(run.status), code, run.message)
     return final
 

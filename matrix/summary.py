@@ -5,7 +5,10 @@ could not be installed, and how many tests passed, before (or without) the dashb
 
 Design: ``summarize`` selects runs (by uid, label or cell; by default the latest run of each cell id),
 counts outcomes and result rows per run with grouped queries (no row is loaded), and returns frozen
-``RunSummary`` values that the CLI prints as a table or JSON.
+``RunSummary`` values that the CLI prints as a table or JSON. ``judge`` adds each run's verdict from
+regression detection (``matrix.regressions.report.detect``, the same judgement as ``regressions`` and the
+dashboards: a test that failed without a result, or a crashed run, is a FAIL) and lists the broken cells
+(``matrix.regressions.broken``), so ``summary --check`` can fail a ``nox -s matrix``.
 
 Invariant: read-only, except that stale runs of this host are first marked crashed
 (``reap_stale_runs``), so a killed run never shows as still running.
@@ -21,6 +24,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from matrix.regressions.broken import BrokenCell, broken_cells
+from matrix.regressions.errors import RegressionsError
+from matrix.regressions.report import CellReport, RegressionReport, detect
+from matrix.regressions.status import Expectation
+from matrix.regressions.thresholds import Thresholds
 from matrix.store.access import reap_stale_runs
 from matrix.store.models import (
     Cell,
@@ -33,6 +41,19 @@ from matrix.store.models import (
 )
 
 OUTCOMES = ("passed", "failed", "skipped", "error", "crashed")
+COLUMNS = (
+    "cell",
+    "status",
+    "verdict",
+    "torch",
+    "triton",
+    "gpu",
+    *OUTCOMES,
+    "records",
+    "seconds",
+    "label",
+    "message",
+)
 _RECORDS: dict[
     str, type[CorrectnessResult] | type[PerformanceResult] | type[PIStageResult] | type[Diagnostic]
 ] = {
@@ -60,6 +81,7 @@ class RunSummary:
     outcomes: dict[str, int]
     records: dict[str, int]
     message: str | None
+    verdict: str | None = None  # ok | FAIL <n> | None when not judged (``judge``)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -75,6 +97,7 @@ class RunSummary:
             "triton": self.triton,
             "gpu": self.gpu or "cpu",
             **{o: self.outcomes.get(o, 0) for o in OUTCOMES},
+            "verdict": self.verdict or "-",
             "records": sum(self.records.values()),
             "seconds": None if self.duration_s is None else round(self.duration_s),
             "label": self.label,
@@ -161,3 +184,35 @@ def _duration(run: Run) -> float | None:
     if (start.tzinfo is None) != (end.tzinfo is None):  # SQLite returns naive datetimes
         start, end = start.replace(tzinfo=None), end.replace(tzinfo=None)
     return (end - start).total_seconds()
+
+
+def judge(
+    session: Session,
+    summaries: Sequence[RunSummary],
+    thresholds: Thresholds,
+    expectations: Sequence[Expectation] | None = None,
+    specs: Sequence[str] = (),
+) -> tuple[list[RunSummary], list[BrokenCell]]:
+    """The summaries with their verdicts, and the broken cells among them, from regression detection
+    (``report.detect`` over ``specs``, labels or run uids; default the latest run of every cell): a run
+    is judged when it is (a member of) a judged logical run; ``ok`` unless its cell is broken."""
+    wanted = {s.uid for s in summaries}
+    judged: dict[str, CellReport] = {}
+    chosen: list[str | None] = list(specs) or [None]
+    for spec in chosen:
+        try:
+            found = detect(session, thresholds, run_spec=spec, expectations=expectations)
+        except RegressionsError:
+            continue  # a label or uid with no finished run: nothing to judge
+        for cell in found.cells:
+            if wanted & set(cell.run.uids):
+                judged[cell.run.uid] = cell
+    broken = broken_cells(RegressionReport(tuple(judged.values())), thresholds.status.fail_on)
+    failing = {b.run_uid: b for b in broken}
+    by_member = {uid: cell.run.uid for cell in judged.values() for uid in cell.run.uids}
+    out = []
+    for summary in summaries:
+        owner = by_member.get(summary.uid)
+        verdict = None if owner is None else (f"FAIL {failing[owner].failing}" if owner in failing else "ok")
+        out.append(dataclasses.replace(summary, verdict=verdict))
+    return out, broken

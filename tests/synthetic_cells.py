@@ -117,7 +117,22 @@ def write_project(root: Path, cells: list[SyntheticCell]) -> Path:
         (directory / f"test_{cell.id.replace('-', '_')}.py").write_text(module, encoding="utf-8")
     config = root / "matrix.toml"
     config.write_text("\n".join(lines), encoding="utf-8")
+    (root / "expected.toml").write_text(_EXPECTED, encoding="utf-8")
     return config
+
+
+# The synthetic failures (``assert i % 11 != 5``) fail after recording passing results: expected, so a
+# nightly of synthetic cells is broken only by what a test asks for (a crash, a hang).
+_EXPECTED = """\
+format = 1
+
+[[expected]]
+suite = "tests"
+workload = "cells/*::test_synthetic[[]*]"
+mode = "pytest"
+status = "failed"
+reason = "the synthetic cells fail every test i with i % 11 == 5 on purpose"
+"""
 
 
 def produced(root: Path, cell: SyntheticCell) -> dict[str, int]:

@@ -262,17 +262,30 @@ def isa_of_ptxas(release: str) -> int:
 def ptxas_reading(ptx: str, capability: int = 90) -> Tool:
     """The ptxas to assemble ``ptx`` with: this Triton's (``ptxas_for``) unless it cannot read the
     PTX's ``.version`` and the ptxas Inductor's compile workers use can."""
-    from grace.compat import torch as torch_compat
-
     own = ptxas_for(capability)
     wanted = ptx_isa(ptx)
     if wanted is None or wanted <= isa_of_ptxas(own.release):
         return own
-    worker = torch_compat.inductor_worker_ptxas()
+    worker = _inductor_worker_ptxas()
     if worker is None or Path(worker) == own.path:
         return own
     tool = _tool(worker)
     return tool if wanted <= isa_of_ptxas(tool.release) else own
+
+
+def _inductor_worker_ptxas() -> str | None:
+    """``grace.compat.torch.inductor_worker_ptxas`` where torch is installed; where it is not (a
+    Triton-only environment) there is no Inductor, so only ``TRITON_PTXAS_PATH`` can name another
+    ptxas, and torch is never imported."""
+    try:
+        has_torch = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        has_torch = False
+    if not has_torch:
+        return os.environ.get("TRITON_PTXAS_PATH") or None
+    from grace.compat import torch as torch_compat
+
+    return torch_compat.inductor_worker_ptxas()
 
 
 # Triton reads its ptxas from these variables at each assembly (3.0+); ``ptxas-blackwell`` serves sm_100+

@@ -119,6 +119,8 @@ def handle(args: argparse.Namespace) -> int:
             details.append(f"cells failed: {', '.join(failed)}")
         if report.new_regressions:
             details.append("new regressions (see regressions.txt)")
+        if report.broken:
+            details.append(f"broken cells: {', '.join(b.cell_id for b in report.broken)}")
         info(
             f"grace-matrix: nightly {label} {verdict}"
             + (f": {'; '.join(details)}" if details else "")

@@ -13,9 +13,9 @@ File format (version 1)::
     format = 1
     [[expected]]
     cells = "torch-2.4*"          # fnmatch pattern over matrix cell ids (default "*")
-    suite = "correctness"         # correctness | performance | pi
-    workload = "vision_maskrcnn"  # fnmatch pattern; for pi: the subject
-    mode = "pt2cg"                # fnmatch pattern; for pi: the stage
+    suite = "correctness"         # correctness | performance | pi | tests
+    workload = "vision_maskrcnn"  # fnmatch pattern; for pi: the subject; for tests: a node id or "<run>"
+    mode = "pt2cg"                # fnmatch pattern; for pi: the stage; for tests: "pytest"
     status = "fail_to_run"        # the status the suite writes (suites.records enums)
     flaky = false                 # true: a mismatch is FLAKY and never fails a run
     reason = "why, with a link"   # required: an expectation without a reason cannot be reviewed
@@ -33,9 +33,9 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from matrix.regressions.errors import RegressionsConfigError, read_config_toml
-from matrix.regressions.observations import Suite
+from matrix.regressions.observations import PASSING_STATUS, TEST_FAILURES, TEST_MODE, Suite
 from matrix.regressions.status import Expectation
-from matrix.store.models import ExpectedStatus
+from matrix.store.models import ExpectedStatus, RunStatus
 from suites.records import CorrectnessStatus, PerformanceStatus, PIStage, StageStatus
 
 EXPECTED_FORMAT = 1
@@ -45,6 +45,9 @@ _STATUSES: dict[Suite, frozenset[str]] = {
     Suite.CORRECTNESS: frozenset(s.value for s in CorrectnessStatus),
     Suite.PERFORMANCE: frozenset(s.value for s in PerformanceStatus),
     Suite.PI: frozenset(s.value for s in StageStatus),
+    # pytest's outcomes of a test, and how a run ended (Note: [Every outcome reaches a verdict])
+    Suite.TESTS: frozenset({PASSING_STATUS[Suite.TESTS], *TEST_FAILURES})
+    | frozenset(s.value for s in RunStatus if s not in (RunStatus.RUNNING, RunStatus.COMPLETE)),
 }
 _KEYS = {"cells", "suite", "workload", "mode", "status", "flaky", "reason"}
 
@@ -71,6 +74,8 @@ def _entry(item: Mapping[str, Any], where: str) -> Expectation:
     stages = {s.value for s in PIStage}
     if suite is Suite.PI and not any(ch in mode for ch in "*?[") and mode not in stages:
         raise RegressionsConfigError(f"{where}: PI stage {mode!r} is not one of {sorted(stages)}")
+    if suite is Suite.TESTS and not any(ch in mode for ch in "*?[") and mode != TEST_MODE:
+        raise RegressionsConfigError(f"{where}: the tests suite has one mode, {TEST_MODE!r}, not {mode!r}")
     cells = item.get("cells", "*")
     flaky = item.get("flaky", False)
     if not isinstance(cells, str) or not cells:

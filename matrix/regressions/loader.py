@@ -26,6 +26,8 @@ from sqlalchemy.orm import Session
 
 from matrix.regressions.observations import (
     PASSING_STATUS,
+    RUN_SUBJECT,
+    TEST_MODE,
     Observation,
     PerfSample,
     ResultKey,
@@ -42,6 +44,7 @@ from matrix.store.models import (
     PerformanceResult,
     PIStageResult,
     Run,
+    RunStatus,
     TestOutcome,
     Workload,
 )
@@ -107,7 +110,8 @@ def load_runs(session: Session) -> list[RunInfo]:
 
 
 def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, list[Observation]]:
-    """Status of every correctness, performance and PI result of the given runs."""
+    """Status of every correctness, performance and PI result of the given runs, and their pytest
+    outcomes and ends as the ``tests`` suite (Note: [Every outcome reaches a verdict])."""
     found: dict[int, list[Observation]] = defaultdict(list)
     for chunk in _chunks(run_pks):
         for model, suite in ((CorrectnessResult, Suite.CORRECTNESS), (PerformanceResult, Suite.PERFORMANCE)):
@@ -137,7 +141,32 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
             found[run_pk].append(
                 Observation(ResultKey(Suite.PI, subject, stage), status, nodeid or "", message or "")
             )
+        _load_test_observations(session, chunk, found)
     return dict(found)
+
+
+def _load_test_observations(session: Session, chunk: list[int], found: dict[int, list[Observation]]) -> None:
+    """The ``tests`` suite (Note: [Every outcome reaches a verdict]): every pytest outcome, and the end
+    of every run that finished other than ``complete``."""
+    outcomes = (
+        select(
+            TestOutcome.run_pk,
+            TestOutcome.record_key,
+            TestOutcome.outcome,
+            TestOutcome.nodeid,
+            TestOutcome.message,
+        )
+        .where(TestOutcome.run_pk.in_(chunk))
+        .order_by(TestOutcome.id)
+    )
+    for run_pk, record_key, outcome, nodeid, message in session.execute(outcomes):
+        key = ResultKey(Suite.TESTS, record_key, TEST_MODE)
+        found[run_pk].append(Observation(key, outcome, nodeid or record_key, message or ""))
+    silent = (RunStatus.COMPLETE.value, RunStatus.RUNNING.value)  # no verdict of the run itself
+    runs = select(Run.id, Run.status, Run.message).where(Run.id.in_(chunk), Run.status.not_in(silent))
+    for run_pk, status, message in session.execute(runs):
+        key = ResultKey(Suite.TESTS, RUN_SUBJECT, TEST_MODE)
+        found[run_pk].append(Observation(key, status, "", message or f"the run ended {status}"))
 
 
 def _median(samples: Any) -> float | None:

@@ -32,11 +32,32 @@ class Suite(str, enum.Enum):
     CORRECTNESS = "correctness"
     PERFORMANCE = "performance"
     PI = "pi"
+    TESTS = "tests"  # pytest's own outcomes and the run's end (Note: [Every outcome reaches a verdict])
 
 
 # The status each suite writes for a result that is fine; anything else is a failure except SKIP_STATUS.
-PASSING_STATUS: dict[Suite, str] = {Suite.CORRECTNESS: "pass", Suite.PERFORMANCE: "ok", Suite.PI: "pass"}
+PASSING_STATUS: dict[Suite, str] = {
+    Suite.CORRECTNESS: "pass",
+    Suite.PERFORMANCE: "ok",
+    Suite.PI: "pass",
+    Suite.TESTS: "passed",
+}
 SKIP_STATUS = "skip"
+
+# Note: [Every outcome reaches a verdict]
+# A test that fails or errors (in setup, call or teardown, or with its worker) before it records the
+# result that explains it, and a run that did not end ``complete`` (crashed, stopped at its deadline,
+# pytest refused to run), leave no correctness, performance or PI result that could fail. So the
+# ``tests`` suite turns them into results: the loader gives one per test, keyed ``(tests, <node id>,
+# pytest)`` with pytest's outcome as status, and one per run that did not complete, keyed ``(tests, <run>,
+# pytest)`` with the run's status. Only failures are judged (``status.bearing_verdicts``), and a failed
+# test only when none of its own records fails (that record carries the verdict, and expected.toml covers
+# it as such); passed and skipped tests are what the suites' own results already say. expected.toml
+# covers the rest like any result (suite "tests", workload a node id pattern or "<run>"). Absence is never
+# MISSING in this suite: a test that stops failing leaves no row behind.
+TEST_MODE = "pytest"
+RUN_SUBJECT = "<run>"
+TEST_FAILURES = frozenset({"failed", "error", "crashed"})
 
 
 def cell_key(cell_id: str, gpu_name: str | None) -> CellKey:

@@ -292,11 +292,13 @@ def detect(
     baseline_spec: str | None = None,
     runs: list[RunInfo] | None = None,
     medians: dict[int, dict[pairwise.PerfKey, float]] | None = None,
+    expectations: Sequence[status.Expectation] | None = None,
 ) -> RegressionReport:
     """Judge the selected logical runs (see ``select_runs``) against their baselines (see
     ``pick_baseline``). ``runs`` (physical or logical: they are grouped) and ``medians`` (merged per
     logical run, ``logical.merge_medians``) may be passed when the caller already loaded them (the
-    dashboards do)."""
+    dashboards do); ``expectations`` judge instead of those in the store (a reader that must not write
+    expected.toml into it)."""
     all_runs = logical.group_runs(runs if runs is not None else loader.load_runs(session))
     chosen = select_runs(all_runs, run_spec)
     keys = {r.cell_key for r in chosen}
@@ -306,7 +308,7 @@ def detect(
         session=session,
         runs=all_runs,
         thresholds=thresholds,
-        expectations=loader.load_expectations(session),
+        expectations=list(expectations) if expectations is not None else loader.load_expectations(session),
         medians=medians,
     )
     cells = [_judge_cell(ctx, run, pick_baseline(all_runs, run, baseline_spec)) for run in chosen]

@@ -18,6 +18,10 @@ Verdicts, for one result with expected status E and actual status A:
 - expected explicitly (literal workload and mode, in a suite and mode this run ran), or present in the
   baseline run, yet absent from this run: MISSING (FLAKY for a flaky entry).
 
+The ``tests`` suite (Note: [Every outcome reaches a verdict] in ``observations``) is judged the same way,
+over ``bearing_verdicts``: a test that failed without recording the result that explains it is FAIL
+(XFAIL where expected.toml names it), a run that did not complete is FAIL; nothing in it is MISSING.
+
 Invariant: FLAKY is never in the failing set (thresholds refuse it).
 """
 
@@ -30,7 +34,9 @@ from dataclasses import dataclass
 
 from matrix.regressions.observations import (
     PASSING_STATUS,
+    RUN_SUBJECT,
     SKIP_STATUS,
+    TEST_FAILURES,
     Observation,
     ResultKey,
     Suite,
@@ -144,6 +150,24 @@ def merge_observations(observations: Iterable[Observation]) -> dict[ResultKey, O
     return merged
 
 
+def bearing_verdicts(observations: Iterable[Observation]) -> list[Observation]:
+    """The observations that are judged (Note: [Every outcome reaches a verdict]): every result, and of
+    the ``tests`` suite only the failures that no record of the test explains, and the run's end."""
+    observations = list(observations)
+    explained = {
+        o.nodeid
+        for o in observations
+        if o.key.suite is not Suite.TESTS and not o.passing and o.status != SKIP_STATUS and o.nodeid
+    }
+    return [
+        o
+        for o in observations
+        if o.key.suite is not Suite.TESTS
+        or (o.status in TEST_FAILURES and o.nodeid not in explained)
+        or o.key.workload == RUN_SUBJECT
+    ]
+
+
 def judge_run(
     cell_id: str,
     observations: Iterable[Observation],
@@ -156,11 +180,12 @@ def judge_run(
     (default: the suites it produced results for, so a correctness-only run is not missing perf); an
     expectation is only missed in a mode the run produced results for (a CPU run of a cell is not
     missing a GPU mode's expected failure)."""
-    merged = merge_observations(observations)
+    merged = merge_observations(bearing_verdicts(observations))
     findings = [
         judge_one(cell_id, obs, expectation_for(expectations, cell_id, key)) for key, obs in merged.items()
     ]
     ran_suites = set(suites) if suites is not None else {key.suite for key in merged}
+    ran_suites.discard(Suite.TESTS)  # a test that stops failing leaves no row: never MISSING
     wanted = {key for key in baseline_keys if key.suite in ran_suites}
     ran_modes = {(key.suite, key.mode) for key in merged}
     for entry in expectations:
