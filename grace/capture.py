@@ -44,10 +44,14 @@ caller's current stream. Work the user queued on another stream after the previo
 that call's outputs (or, for a graph of a family, grace.rebind, the pool's intermediates are another
 graph's in flight). So every run through ``run_with_copies``/``run_with_pi`` first makes the current
 stream wait for everything queued so far on the stream of the previous run of the graph or of its family
-(``torch.cuda.Stream.wait_stream``: an event recorded on that stream now), before the input copies,
-the table update and the replay; copies back into mutated inputs and output clones follow on the current
-stream. The stream is kept with the family's captured graph (``outputs_owner.last_stream``). On one
-stream nothing waits. The runner's lock (grace.runner) makes the host side of two calls never overlap,
+(``torch.cuda.Stream.wait_stream``: an event recorded on that stream now); since the user may also
+have read the outputs on a third stream that grace never saw, a change of stream also waits for the
+device to finish everything queued so far (one synchronisation per change; a call on the stream of the
+previous one waits for nothing). This comes before the input copies, the table update and the replay;
+copies back into mutated inputs and output clones follow on the current stream. The stream is kept with
+the family's captured graph (``outputs_owner.last_stream``). A read on a third stream followed by a call
+on the previous call's own stream is the caller's to order (``wait_stream``), as for any tensor that two
+streams use. The runner's lock (grace.runner) makes the host side of two calls never overlap,
 so the stream recorded is the one of the call queued last.
 
 Note: [Outputs and threads]
@@ -366,6 +370,7 @@ class CapturedGraph:
         last = owner.last_stream
         if last is not None:
             stream.wait_stream(last)
+            synchronize_device(self.device)  # reads queued on streams grace never saw are done too
         owner.last_stream, owner.last_stream_key = stream, key
 
     def replay(self) -> None:
@@ -599,6 +604,12 @@ def current_stream(device: torch.device) -> Any:
     if device.type != "cuda":
         return None
     return torch.cuda.current_stream(device)
+
+
+def synchronize_device(device: torch.device) -> None:
+    """Wait until ``device`` has finished everything queued so far, on every stream."""
+    if device.type == "cuda" and torch_compat.cuda_available():
+        torch.cuda.synchronize(device)
 
 
 def current_stream_key(device: torch.device) -> int | None:

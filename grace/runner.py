@@ -36,7 +36,9 @@ host side of two calls never overlaps: no two calls copy into the same placehold
 table or collect one set of outputs at once. Outputs another thread received are never overwritten while
 held (Note: [Outputs and threads] in grace.capture), a run on another stream waits for the stream of the
 graph's previous run (Note: [Stream order]), and a released graph's pool lives while its outputs are held
-(grace.pools; the runner releases waiting pools at the start of each call).
+(grace.pools; the runner releases waiting pools at the start of each call). A thread whose first CUDA
+work is a call of a compiled callable gets the device's primary context made current first
+(``grace.compat.cuda.ensure_context_current``): the driver calls of a replay need one.
 
 Invariants:
 - at most one call of a compiled callable runs its runner's code at a time, whatever the threads;
@@ -69,6 +71,7 @@ import torch
 from grace import pools
 from grace import stats as grace_stats
 from grace.capture import HELD, CaptureContext, CapturedGraph, calling_threads, run_on_side_stream
+from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.picking import Picker, picker
@@ -498,6 +501,11 @@ class GraceRunner:
         self._adapter = plan.input_adapter
         self._recent: _RecentSlot | None = None
         self._skip_record: grace_stats.GraphStats | None = None
+        device = plan.device
+        # The device whose context a call's driver work needs current in the calling thread (None: no
+        # graphs, so no driver work).
+        graphs_possible = plan.skip is None and device is not None and device.type == "cuda"
+        self._context_device: int | None = (device.index or 0) if graphs_possible and device else None
         if plan.skip is not None:
             record = grace_stats.new_record(
                 self.callable_id, plan.graph_hash, "*", str(plan.device) if plan.device else "none"
@@ -520,6 +528,8 @@ class GraceRunner:
     def __call__(self, *args: Any) -> Any:
         pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
         calling_threads.note()  # Note: [Outputs and threads] in grace.capture
+        if self._context_device is not None:
+            cuda_compat.ensure_context_current(self._context_device)  # a thread's first call
         with self.lock:  # the whole call, from the input check to the outputs (module docstring)
             return self._call(args)
 

@@ -52,9 +52,9 @@ def test_a_failing_deciding_call_gives_eagers_values(tmp_path: Path, monkeypatch
 
 
 def test_a_failing_analysis_gives_eagers_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(gm: Any) -> Any:
+    def broken(gm: Any, example_inputs: Any) -> Any:
         raise RuntimeError("injected failure in the mutation analysis")
 
-    monkeypatch.setattr(backend, "mutated_inputs", broken)
+    monkeypatch.setattr(backend, "graph_effects", broken)
     _run(tmp_path)
     assert stats.fallback_counts().get("backend_failed") == 1

@@ -370,3 +370,46 @@ def test_a_graph_serving_a_second_thread_counts_the_tensors_it_handed_out_before
     assert graph.held_outputs(4) == HELD  # by anyone, this thread too
     del out
     assert graph.held_outputs(4) == HELD_NONE
+
+
+def test_a_threads_first_call_makes_the_primary_context_current_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread whose first CUDA work is a replay has no current context; the runner makes the device's
+    primary context current before the driver calls, once per thread, and leaves a current one alone."""
+    from grace.compat import cuda as cuda_compat
+
+    calls: list[str] = []
+
+    class FakeDriver:
+        current = 0
+
+        def cuCtxGetCurrent(self) -> tuple[int, int]:
+            calls.append("get")
+            return (0, self.current)
+
+        def cuDeviceGet(self, index: int) -> tuple[int, int]:
+            return (0, 100 + index)
+
+        def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[int, int]:
+            return (0, 7000 + device)
+
+        def cuCtxSetCurrent(self, context: int) -> tuple[int]:
+            calls.append(f"set {context}")
+            self.current = context
+            return (0,)
+
+    fake = FakeDriver()
+    monkeypatch.setattr(cuda_compat, "driver", lambda: fake)
+
+    def in_thread(index: int) -> None:
+        cuda_compat.ensure_context_current(index)
+        cuda_compat.ensure_context_current(index)  # the second time costs nothing
+
+    worker = threading.Thread(target=in_thread, args=(1,))
+    worker.start()
+    worker.join()
+    assert calls == ["get", "set 7101"]
+    calls.clear()
+    worker = threading.Thread(target=in_thread, args=(1,))  # a new thread asks again; a context is current
+    worker.start()
+    worker.join()
+    assert calls == ["get"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,32 @@ def check(name: str, result: Any) -> Any:
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+_thread_devices = threading.local()
+
+
+def ensure_context_current(device_index: int) -> None:
+    """Make ``device_index``'s primary context current in the calling thread when no context is.
+
+    The runtime API makes it current lazily, on a thread's first runtime call; a thread whose first CUDA
+    work is a replay through grace reaches the driver calls (node parameter updates, graph launches)
+    with no current context, which the driver does not survive. Checked once per thread and device; a
+    thread that has a context (of any device) keeps it.
+    """
+    seen: set[int] | None = getattr(_thread_devices, "seen", None)
+    if seen is None:
+        seen = _thread_devices.seen = set()
+    if device_index in seen:
+        return
+    drv = driver()
+    if drv is not None:
+        current = check("cuCtxGetCurrent", drv.cuCtxGetCurrent())
+        if current is None or int(current) == 0:
+            device = check("cuDeviceGet", drv.cuDeviceGet(device_index))
+            primary = check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(device))
+            check("cuCtxSetCurrent", drv.cuCtxSetCurrent(primary))
+    seen.add(device_index)
 
 
 @functools.cache
