@@ -37,6 +37,7 @@ class FuzzFailure:
     source: str
     schedule: str
     issue: str = ""
+    control: str = ""  # what Inductor alone gave on the case (suites.fuzz.session: the control run)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,17 @@ def _failure(data: dict[str, Any]) -> FuzzFailure:
         source=str(data.get("source", "")),
         schedule=json.dumps(data.get("schedule", {}), indent=1, sort_keys=True),
         issue=str(data.get("issue", "")),
+        control=_control(data.get("control")),
     )
+
+
+def _control(data: Any) -> str:
+    if not isinstance(data, dict) or not isinstance(data.get("mismatch_count"), int):
+        return ""
+    count, compiler = data["mismatch_count"], data.get("compiler", "the control")
+    if count == 0:
+        return f"{compiler} alone agrees with eager: the difference is grace's"
+    return f"{compiler} alone differs from eager too ({count}): {data.get('first')}"
 
 
 def _row(run: RunInfo, mode: str, status: str, errors: dict[str, Any], details: dict[str, Any]) -> FuzzRow:

@@ -9,8 +9,10 @@ Use::
     print(grace.explain(model, *inputs))                         # what was captured and why not
     grace.stats.snapshot()                                       # per-graph facts
 
-Outputs of a captured graph live in the graph's memory pool and are overwritten by the next call with
-the same input signature; clone what you keep across calls, or set ``GraceOptions(clone_outputs=True)``.
+Outputs of a captured graph live in the graph's memory pool and may be overwritten by the next call with
+the same input shapes and dtypes (strides and addresses may differ: the same graph may serve it); a call
+with other shapes leaves them alone. Clone what you keep across calls, or set
+``GraceOptions(clone_outputs=True)``.
 
 ``import grace`` registers the ``"grace"`` backend with Dynamo when torch is installed (installed
 distributions also register it through the ``torch_dynamo_backends`` entry point) and imports the

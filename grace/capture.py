@@ -307,6 +307,10 @@ class CapturedGraph:
     summary_error: str | None = None
     copy_bytes: int = 0
     pi_plan: PIPlan | None = None
+    # Outputs the graph wrote in its pool: the only ones ``clone_outputs`` copies and replays hand out as
+    # aliases (views of the caller's inputs and of static inputs are returned as views, as eager does);
+    # None: every output on the device but the views of dynamic inputs.
+    pool_positions: frozenset[int] | None = None
     _dense_placeholders: dict[int, torch.Tensor] = field(default_factory=dict)
     # Captured on the caller's inputs: no placeholders yet; the layouts to make them from when needed.
     borrowed: bool = False
@@ -481,10 +485,15 @@ class CapturedGraph:
 
     def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
         outs = list(self.outputs)
-        if self.outputs_owner.aliases_since is not None and not clone:
+        pooled = self.pool_positions
+        if pooled is None:
+            pooled = self.pool_positions = frozenset(_pool_outputs_all(outs, self.aliases, self.device))
+        if clone:
+            outs = [o.clone() if i in pooled else o for i, o in enumerate(outs)]
+        elif self.outputs_owner.aliases_since is not None:
             outs = [
-                o.as_strided(o.size(), o.stride(), o.storage_offset()) if _in_pool(o, self.device) else o
-                for o in outs
+                o.as_strided(o.size(), o.stride(), o.storage_offset()) if i in pooled else o
+                for i, o in enumerate(outs)
             ]
         for alias in self.aliases:
             real = args[alias.input_index]
@@ -492,8 +501,6 @@ class CapturedGraph:
             outs[alias.position] = real.as_strided(
                 static.size(), static.stride(), real.storage_offset() + alias.offset_delta
             )
-        if clone:
-            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
         if self.output_container == "tuple":
             return tuple(outs)
         return outs[0] if self.output_container == "single" else outs
@@ -687,6 +694,23 @@ def output_refs(
     return [(ref, torch_compat.storage_use_count(ref)) for ref in refs]
 
 
+def pool_positions(
+    outputs: list[Any],
+    aliases: Sequence[OutputAlias],
+    device: torch.device,
+    args: Sequence[Any],
+    static_indices: Sequence[int],
+) -> frozenset[int]:
+    """Positions of the outputs the graph wrote in its pool: not views of a dynamic input (``aliases``)
+    nor of a static input (a parameter or buffer returned as it is)."""
+    static = {_storage_ptr(args[i]) for i in static_indices if isinstance(args[i], torch.Tensor)}
+    return frozenset(
+        position
+        for position in _pool_outputs_all(outputs, aliases, device)
+        if _storage_ptr(outputs[position]) not in static
+    )
+
+
 def pool_output_bytes(outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device) -> int:
     return sum(int(t.untyped_storage().nbytes()) for t in _pool_outputs(outputs, aliases, device).values())
 
@@ -827,6 +851,7 @@ def capture_graph(
         outputs=out_list,
         output_container=container,
         aliases=aliases,
+        pool_positions=pool_positions(out_list, aliases, device, args, static_indices),
         static_indices=tuple(static_indices),
         static_ptrs=static_pointers(args, static_indices),
         summary=None,

@@ -9,9 +9,11 @@ Design (one call, on the caller's real inputs):
    ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``). With option
    ``pi_direct``, first the PI graph alone, captured on the caller's inputs; it stands alone when its
    PI serves every dynamic input, else the two usual graphs are captured;
-2. run the no-graph callable as the reference (before step 1 for a callable without side effects, and
-   then, when its outputs reach option ``host_reference_bytes``, copied to host memory with the
-   no-graph variant's SCG samples taken at once), then each graph variant, each run starting from the
+2. run the no-graph callable as the reference before step 1, so that no capture is the first run of
+   the compiled code (a callable that writes its inputs gets them back before the captures; one
+   without side effects, when its outputs reach option ``host_reference_bytes``, has them copied to
+   host memory with the no-graph variant's SCG samples taken at once), then each graph variant, each
+   run starting from the
    call's state (``grace.rerun.CallStart``: mutated inputs and, for a callable with random ops, the
    generators); a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
    checked first, with zeros in the placeholders it shares with the copies graph, then
@@ -190,28 +192,24 @@ def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
         return slot.run(args)
     restore = start.restore
 
-    # A callable without side effects gets its reference before any capture: in host memory when its
-    # outputs are large, with the no-graph variant's samples (Note: [Deciding-call memory]).
-    early = _reference_first(slot, args, start) if not mutated else None
+    # The reference comes before any capture, so that no capture is the first run of the compiled code
+    # (without warm-up, lazy first-run work, loading kernels or creating handles, would invalidate
+    # it): for a callable without side effects in host memory when its outputs are large, with the
+    # no-graph variant's samples (Note: [Deciding-call memory]); one that writes its inputs gets them
+    # back after the reference state is kept.
+    early = _reference_first(slot, args, start) if not mutated else _written_reference(slot, args, start)
     if isinstance(early, _MissedWrite):
         return _stop_for_missed_write(slot, start, early.output)
+    reference_state: list[Any] = []
+    if mutated:
+        reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
+        restore()
     graphs = _capture_variants(slot, args, mutated)
     direct = any(g.borrowed for g in graphs.values())
 
-    on_host, pretimed = False, None
-    if early is not None:
-        reference, on_host, pretimed = early
-        del early  # ``reference`` is the only holder: it is dropped before the timing
-    else:
-        restore()
-        reference = runner.compiled(*args)
-        if start.unexpected_writes():  # the first run of the call: nothing else has run yet
-            for graph in graphs.values():
-                graph.release()
-            return _stop_for_missed_write(slot, start, reference)
-        start.note_first_run()
+    reference, on_host, pretimed = early
+    del early  # ``reference`` is the only holder: it is dropped before the timing
     host_reference = reference if on_host else None
-    reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
     checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
     candidates = [Variant.NO_GRAPH]
 
@@ -311,13 +309,11 @@ def _stop_for_missed_write(slot: GraphSlot, start: CallStart, output: Any) -> An
 
 def _reference_first(
     slot: GraphSlot, args: Sequence[Any], start: CallStart
-) -> tuple[Any, bool, list[float] | None] | _MissedWrite | None:
+) -> tuple[Any, bool, list[float] | None] | _MissedWrite:
     """(reference, in host memory, no-graph SCG samples) for a callable without side effects, run
     before any capture: the samples are taken then only for a reference held in host memory."""
     runner = slot.runner
     options = runner.options
-    if options.host_reference_bytes <= 0:
-        return None
     output = runner.compiled(*args)
     if start.unexpected_writes():
         return _MissedWrite(output)
@@ -328,6 +324,18 @@ def _reference_first(
         return value, on_host, None
     samples = _time(slot, {Variant.NO_GRAPH: lambda: runner.compiled(*args)})
     return value, on_host, samples[Variant.NO_GRAPH]
+
+
+def _written_reference(
+    slot: GraphSlot, args: Sequence[Any], start: CallStart
+) -> tuple[Any, bool, None] | _MissedWrite:
+    """The reference of a callable that writes its inputs: its first run in the call, before any capture
+    (the caller puts the inputs back after keeping what the run left in them)."""
+    output = slot.runner.compiled(*args)
+    if start.unexpected_writes():
+        return _MissedWrite(output)
+    start.note_first_run()
+    return output, False, None
 
 
 def _time(slot: GraphSlot, runs: dict[Variant, Callable[[], Any]]) -> dict[Variant, list[float]]:

@@ -240,6 +240,7 @@ def rebind(
         outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads] in grace.capture)
         output_container=origin.output_container,
         aliases=origin.aliases,
+        pool_positions=origin.pool_positions,
         static_indices=origin.static_indices,
         static_ptrs=static_pointers(args, origin.static_indices),
         summary=origin.summary,

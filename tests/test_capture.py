@@ -177,3 +177,27 @@ def test_outputs_sharing_a_storage_are_one_held_storage_and_counted_once() -> No
     assert graph.would_overwrite_held_outputs(3)  # a view of an alias still holds it
     del held
     assert not graph.would_overwrite_held_outputs(3)
+
+
+def test_clone_outputs_copies_the_pools_outputs_and_returns_views_of_inputs_as_views() -> None:
+    """``clone_outputs`` promises the caller copies of what lives in the graph's pool; an output that
+    views the caller's input (or a static input) is a view in eager, so it stays one: a later in-place
+    write to the input shows in it, as in eager."""
+    from grace.capture import OutputAlias, pool_positions
+
+    pooled = torch.zeros(2, 2)
+    x = torch.arange(6.0)
+    weight = torch.ones(3)
+    viewing_x = OutputAlias(position=1, input_index=0, offset_delta=2)
+    outputs = [pooled, x[2:], weight]
+    graph = _graph_with_outputs(outputs, (viewing_x,))
+    graph.pool_positions = pool_positions(outputs, (viewing_x,), graph.device, [x, weight], (1,))
+    assert graph.pool_positions == {0}
+    out = graph.collect_outputs([x, weight], clone=True)
+    assert out[0] is not pooled and out[0].data_ptr() != pooled.data_ptr()
+    x[3] = 42.0
+    assert out[1][1] == 42.0 and out[1].data_ptr() == x.data_ptr() + 2 * x.element_size()
+    assert out[2] is weight
+    graph.pool_positions = None  # not given: every output on the device but the views of inputs
+    out = graph.collect_outputs([x, weight], clone=True)
+    assert out[1].data_ptr() == x.data_ptr() + 2 * x.element_size() and out[2] is not weight

@@ -130,3 +130,21 @@ def test_several_hoists_share_one_copy_and_keep_values_shapes_and_strides() -> N
 def test_one_hoist_stays_a_plain_step() -> None:
     adapter = InputAdapter([HoistStep(index=0, device=torch.device("cpu"))])
     assert [type(s) for s in adapter._plan] == [HoistStep]
+
+
+def test_a_replacement_example_input_adopts_the_originals_symbolic_context() -> None:
+    """AOTAutograd fakes a real example input with the context Dynamo recorded for it; a tensor CGCT
+    puts in its place gets the same one (otherwise: fresh symbols with no source, and a guard on one
+    cannot be written: Item 6 of the runtime-correctness work)."""
+    from torch._guards import TracingContext, tracing
+
+    original, replacement, stranger = torch.zeros(4, 2), torch.zeros(4, 2), torch.zeros(3)
+    context = TracingContext(FakeTensorMode())
+    recorded = object()
+    context.tensor_to_context[original] = recorded
+    assert not compat.adopt_example_context(replacement, original)  # no tracing context active
+    with tracing(context):
+        assert compat.adopt_example_context(replacement, original)
+        assert context.tensor_to_context[replacement] is recorded
+        assert not compat.adopt_example_context(replacement, stranger)  # nothing recorded for it
+        assert not compat.adopt_example_context(replacement, 3)

@@ -254,6 +254,10 @@ def test_a_held_output_overwritten_is_caught_where_the_contract_promises_it() ->
     assert [(m.call, m.where) for m in promised.mismatches] == [(1, held), (2, held)]
     # Without clone_outputs, the second call (same signature) may overwrite it: not a mismatch...
     assert not _run(_case(SCALE, steps), one_output_buffer).mismatches
+    # ...nor may one with the same shapes at other strides (the same graph may serve it)...
+    padded_view = CallSpec(5, ("view",), 2, ((1, 0, 3),))  # rows of 3 more columns: other strides
+    strided = _calls(_call(1, hold=True), padded_view)
+    assert not _run(_case(SCALE, strided), one_output_buffer).mismatches
     # ...but a call of another signature may not (an evicted graph's pool must live while it is held).
     other = _calls(_call(1, hold=True), _call(3, rows=6), _call(4, rows=7))
     evicted = _run(_case(SCALE, other), lambda m, o: _shared_pool(m))
@@ -370,9 +374,24 @@ def test_a_case_that_raises_outside_its_calls_fails_alone() -> None:
     def broken(module: torch.nn.Module, options: dict[str, Any]) -> Callable[..., Any]:
         raise RuntimeError("cannot compile")
 
-    summary = fuzz(SETTINGS, CPU, compiler=broken, deadline_s=60.0, max_cases=2, reset=lambda: None)
+    summary = fuzz(
+        SETTINGS, CPU, compiler=broken, control=None, deadline_s=60.0, max_cases=2, reset=lambda: None
+    )
     assert (summary.cases, summary.failed_cases) == (2, 2)
     assert summary.failures[0].mismatches[0].detail == "RuntimeError: cannot compile"
+    assert summary.failures[0].control_mismatches is None
+
+
+def test_a_failing_case_says_whether_the_control_differs_too() -> None:
+    """Note: [The control run]: the control informs, the verdict stays a failure either way."""
+    run = {"compiler": perturbing, "deadline_s": 60.0, "max_cases": 1, "reset": lambda: None}
+    grace_only = fuzz(SETTINGS, CPU, control=honest, **run)
+    both = fuzz(SETTINGS, CPU, control=perturbing, **run)
+    assert grace_only.failed_cases == both.failed_cases == 1
+    assert grace_only.failures[0].control_mismatches == 0 and grace_only.failures[0].control_first is None
+    assert both.failures[0].control_mismatches == len(both.failures[0].mismatches) > 0
+    details = to_record(both, "grace-cpu", "smoke").details["failures"][0]["control"]
+    assert details["compiler"] == "inductor" and details["first"].startswith("call 0 output 0: values")
 
 
 def test_known_failures_are_recorded_apart_and_do_not_fail() -> None:

@@ -72,6 +72,9 @@ def transform(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CGCTRe
     try:
         clone, adapter, fixed = _rewrite(gm, relocation, facts, inputs)
         new_inputs = adapter.apply(inputs) if adapter is not None else inputs
+        for before, after in zip(inputs, new_inputs, strict=True):
+            if after is not before and isinstance(after, torch.Tensor):
+                compat.adopt_example_context(after, before)
         problem = _check(gm, facts, relocation, clone, new_inputs)
     except Exception as error:  # a failed rewrite keeps the original graph, with the reason
         log.warning("CGCT rewrite failed, keeping the original graph: %s", error, exc_info=True)

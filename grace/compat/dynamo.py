@@ -297,6 +297,26 @@ def mark_static_input(node: torch.fx.Node, tensor: torch.Tensor) -> None:
         torch._dynamo.mark_static_address(tensor, guard=False)
 
 
+def adopt_example_context(replacement: torch.Tensor, original: Any) -> bool:
+    """Let AOTAutograd fake ``replacement`` (a GPU tensor CGCT puts in place of example input
+    ``original``, of the same shape) as Dynamo faked ``original``: the same symbolic context, so the
+    same size symbols, each with the source Dynamo gave it.
+
+    A real example input AOTAutograd finds no context for is faked with fresh dynamic symbols that have
+    no source; a guard Inductor then puts on one (32-bit indexing, a size check) cannot be turned into
+    Dynamo guard code and compiling fails (an ``IndexError`` in ``issue_guard``). True when adopted."""
+    try:
+        tracing = torch._guards.TracingContext.try_get()
+        table = getattr(tracing, "tensor_to_context", None)
+        if table is None or not isinstance(original, torch.Tensor) or original not in table:
+            return False
+        table[replacement] = table[original]
+    except Exception:  # the mapping is private: without it the replacement is faked as before
+        log.debug("grace: could not adopt the example input's symbolic context", exc_info=True)
+        return False
+    return True
+
+
 # ---------------------------------------------------------------------------------------------------
 # Dynamo sources
 

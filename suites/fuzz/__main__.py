@@ -18,9 +18,9 @@ import sys
 
 import torch
 
-from suites.fuzz.execute import CaseResult, grace_compiler, make_cases, run_case
+from suites.fuzz.execute import CaseResult, grace_compiler, inductor_compiler, make_cases, run_case
 from suites.fuzz.recording import case_details
-from suites.fuzz.session import fuzz, fuzz_environment
+from suites.fuzz.session import fuzz, fuzz_environment, with_control
 from suites.fuzz.settings import SettingsError, load_settings
 from suites.modes import reset_compilers
 
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 reset_compilers()
                 with fuzz_environment(settings, device.type):
                     result = run_case(case, grace_compiler, device, settings)
+                    if result.failed:
+                        reset_compilers()
+                        result = with_control(result, inductor_compiler, device, settings)
                 _print_result(result, device.type, args.show)
                 failed = failed or result.failed or result.eager_error is not None
             return 1 if failed else 0

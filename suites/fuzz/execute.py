@@ -13,9 +13,9 @@ the unit tests), on equal but separate inputs, and is checked right away (``_Run
 held by the schedule are kept on both sides and compared, at every later call, with the values eager's
 held outputs have at that moment (so outputs that alias inputs are judged as eager sees them). Note:
 [Held outputs and the contract]: a held output is checked while the options promise it: always with
-``clone_outputs=True``; without it, only until a later call with the same input signature (shapes,
-strides, dtypes), since that call's graph replay may overwrite it by contract; a graph being evicted by
-``max_graphs_per_callable`` or another signature's call is no licence to overwrite it.
+``clone_outputs=True``; without it, only until a later call with the same input shapes and dtypes
+(strides and addresses may differ), since that call's graph replay may overwrite it by contract; a graph
+being evicted by ``max_graphs_per_callable`` or a call with other shapes is no licence to overwrite it.
 
 Invariants: an exception from eager makes the case invalid (a generator bug, reported as such); one from
 the candidate is a mismatch and the schedule goes on; every comparison is recorded as a ``Mismatch``,
@@ -47,6 +47,11 @@ SIDE_STREAM_SLEEP_CYCLES = 20_000_000  # the reader stream spins this long befor
 
 def grace_compiler(module: torch.nn.Module, options: dict[str, Any]) -> Callable[..., Any]:
     return torch.compile(module, backend="grace", options=dict(options))
+
+
+def inductor_compiler(module: torch.nn.Module, options: dict[str, Any]) -> Callable[..., Any]:
+    """The control: Inductor alone, without CUDA graphs (grace's options do not apply)."""
+    return torch.compile(module, backend="inductor")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,9 @@ class CaseResult:
     mismatches: tuple[Mismatch, ...]
     eager_error: str | None = None  # eager raised: the case is invalid, not a grace failure
     seconds: float = 0.0
+    # A failing case run again under the control (Inductor alone): its mismatches, first of them.
+    control_mismatches: int | None = None
+    control_first: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -174,7 +182,8 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 
 
 def _signature(args: list[torch.Tensor]) -> tuple[Any, ...]:
-    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device.type) for a in args)
+    """What the outputs contract keys on (Note: [Held outputs and the contract]): no strides."""
+    return tuple((tuple(a.shape), a.dtype, a.device.type) for a in args)
 
 
 def _same_generator_state(eager: _Outcome, candidate: _Outcome) -> bool:

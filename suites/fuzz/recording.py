@@ -10,7 +10,8 @@ the fuzzer's sources and settings as code hash) in the grace mode of the device 
 when no case failed outside the known list, else ``fail_accuracy`` when every failure is a difference
 in values and ``fail_to_run`` when grace raised. ``errors`` holds the counts (numbers only, as the
 store's errors are), ``details`` the seeds, the profiles and features covered, and per failing case its
-replay command, mismatches, model source and schedule (JSON).
+replay command, mismatches, model source and schedule (JSON), and what the control run (Inductor alone)
+gave on it.
 
 Invariant: ``details["format"]`` is ``suites.fuzz.DETAILS_FORMAT``; readers (the dashboard) refuse a
 newer one.
@@ -63,6 +64,12 @@ def case_details(result: CaseResult, device: str, issue: str | None = None) -> d
         "features": list(result.case.model.features),
         "schedule": result.case.schedule.to_dict(),
     }
+    if result.control_mismatches is not None:
+        data["control"] = {
+            "compiler": "inductor",
+            "mismatch_count": result.control_mismatches,
+            "first": result.control_first,
+        }
     if result.eager_error is not None:
         data["eager_error"] = result.eager_error
     if issue is not None:

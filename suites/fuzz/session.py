@@ -13,6 +13,11 @@ resetting Dynamo and grace (``suites.modes.reset_compilers``) before every run, 
 run: passed, failed, failed at a known issue (fuzz.toml ``[[known]]``), or invalid (eager itself
 raised). No run starts after the deadline; one started finishes.
 
+Note: [The control run]: a case that fails under grace runs once more under Inductor alone (same model,
+schedule and seeds; grace's options do not apply), so a failure reads either "grace only" or "Inductor
+alone differs from eager too". The control only informs: it changes no verdict, since a wrong result
+under grace is one whoever made it; an upstream bug is acknowledged in fuzz.toml's ``[[known]]``.
+
 Invariant: a ``FuzzSummary`` counts every run that started (``cases``: a case under one profile); the
 runs it keeps in full are the failures, the known failures and the invalid ones (bounded by
 ``max_failures_kept``).
@@ -21,6 +26,7 @@ runs it keeps in full are the failures, the known failures and the invalid ones 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -30,7 +36,15 @@ from dataclasses import dataclass, field
 import torch
 
 from suites.fuzz.compare import Mismatch, MismatchKind
-from suites.fuzz.execute import Case, CaseResult, Compiler, grace_compiler, make_cases, run_case
+from suites.fuzz.execute import (
+    Case,
+    CaseResult,
+    Compiler,
+    grace_compiler,
+    inductor_compiler,
+    make_cases,
+    run_case,
+)
 from suites.fuzz.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -86,6 +100,7 @@ def fuzz(
     device: torch.device,
     *,
     compiler: Compiler = grace_compiler,
+    control: Compiler | None = inductor_compiler,
     deadline_s: float | None = None,
     base_seed: int | None = None,
     first_case: int = 0,
@@ -93,7 +108,8 @@ def fuzz(
     reset: Callable[[], None] = _reset,
 ) -> FuzzSummary:
     """Run cases ``first_case, first_case + 1, ...`` of ``base_seed`` until the deadline (or
-    ``max_cases``); the settings give both defaults."""
+    ``max_cases``); the settings give both defaults. A failing case runs again under ``control``
+    (``with_control``)."""
     seed = settings.base_seed if base_seed is None else base_seed
     deadline = settings.deadline_for(device.type) if deadline_s is None else deadline_s
     started = time.monotonic()
@@ -108,6 +124,9 @@ def fuzz(
             case = pending.pop(0)
             reset()
             result = _run_guarded(case, compiler, device, settings)
+            if result.failed and control is not None:
+                reset()
+                result = with_control(result, control, device, settings)
             results.append(result)
             if result.failed:
                 logger.warning(
@@ -119,6 +138,18 @@ def fuzz(
                 )
         reset()
     return summarize(settings, results, seed, device.type, deadline, time.monotonic() - started, first_case)
+
+
+def with_control(
+    result: CaseResult, control: Compiler, device: torch.device, settings: Settings
+) -> CaseResult:
+    """``result`` with what the same case gives under ``control`` (Note: [The control run])."""
+    again = _run_guarded(result.case, control, device, settings)
+    if again.eager_error is not None:
+        return result
+    first = again.mismatches[0] if again.mismatches else None
+    described = f"call {first.call} {first.where}: {first.kind}: {first.detail}"[:300] if first else None
+    return dataclasses.replace(result, control_mismatches=len(again.mismatches), control_first=described)
 
 
 def _run_guarded(case: Case, compiler: Compiler, device: torch.device, settings: Settings) -> CaseResult:

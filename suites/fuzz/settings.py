@@ -52,7 +52,8 @@ class Profile:
 
 @dataclass(frozen=True)
 class Known:
-    """A case that fails at a known grace bug: it runs and is recorded as known, not as a failure."""
+    """A case that fails at a known bug (grace's or upstream): it runs and is recorded as known, not as
+    a failure."""
 
     seed: int
     case: int
