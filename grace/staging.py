@@ -21,7 +21,10 @@ from typing import Any
 
 import torch
 
+from grace.compat import torch as torch_compat
+
 RING = 8
+_STREAMS_KEPT = 8
 
 
 class StagingRing:
@@ -35,6 +38,7 @@ class StagingRing:
         self._recorded = [False] * size
         self._next = 0
         self._current = -1
+        self._streams: dict[int, Any] = {}
 
     def _make(self, numel: int) -> None:
         self.synchronize()
@@ -61,8 +65,19 @@ class StagingRing:
         """The copy reading the last acquired buffer is queued on the device's current stream."""
         k = self._current
         if self.pinned and k >= 0:
-            self._events[k].record(torch.cuda.current_stream(self.device))
+            self._events[k].record(self._current_stream())
             self._recorded[k] = True
+
+    def _current_stream(self) -> Any:
+        """The device's current stream, its ``torch.cuda.Stream`` kept per handle (building one per
+        call costs more than the copy it orders)."""
+        handle = torch_compat.current_raw_stream(self.device)
+        stream = self._streams.get(handle)
+        if stream is None:
+            if len(self._streams) >= _STREAMS_KEPT:
+                self._streams.clear()
+            stream = self._streams[handle] = torch.cuda.current_stream(self.device)
+        return stream
 
     def synchronize(self) -> None:
         """Wait until no queued copy reads any buffer of the ring."""

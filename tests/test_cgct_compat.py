@@ -127,6 +127,21 @@ def test_several_hoists_share_one_copy_and_keep_values_shapes_and_strides() -> N
     assert batch.fallback_calls == 1
 
 
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+def test_hoists_of_one_shape_are_cut_from_the_copy_in_one_go_with_each_calls_values(shape: tuple) -> None:
+    cpu = torch.device("cpu")
+    adapter = InputAdapter([HoistStep(index=i, device=cpu) for i in range(4)])
+    (batch,) = adapter._plan
+    for call in range(5):  # more calls than the staging ring has buffers: each lap reuses its views
+        inputs = [torch.full(shape, float(call * 10 + i)) for i in range(4)]
+        out = adapter(inputs)
+        for got, want in zip(out, inputs, strict=True):
+            assert got is not want and torch.equal(got, want)
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+            assert got.data_ptr() % 16 == 0
+    assert (batch.batched_calls, batch.fallback_calls) == (5, 0)
+
+
 def test_one_hoist_stays_a_plain_step() -> None:
     adapter = InputAdapter([HoistStep(index=0, device=torch.device("cpu"))])
     assert [type(s) for s in adapter._plan] == [HoistStep]

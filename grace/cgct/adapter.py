@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import logging
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 
+from grace.compat import torch as torch_compat
 from grace.staging import StagingRing
 
 log = logging.getLogger(__name__)
@@ -272,6 +274,7 @@ class MirrorMismatch(RuntimeError):
 Step = HoistStep | MirrorStep
 
 _ALIGN_BYTES = 16
+_LAYOUTS_KEPT = 16  # call patterns of one batch whose packing is kept (dynamic shapes: a few)
 
 
 class HoistBatch:
@@ -282,6 +285,7 @@ class HoistBatch:
         self.indices = [s.index for s in self.steps]
         self.device = self.steps[0].device
         self._ring: StagingRing | None = None
+        self._layouts: dict[tuple[Any, ...], _PackedLayout] = {}
         self.batched_calls = 0
         self.fallback_calls = 0
 
@@ -303,24 +307,82 @@ class HoistBatch:
             for step in self.steps:
                 step.apply(inputs)
             return
-        itemsize = dtype.itemsize
-        unit = max(1, _ALIGN_BYTES // itemsize)
-        offsets, total = [], 0
-        for t in tensors:
-            offsets.append(total)
-            total += -(-max(t.numel(), 1) // unit) * unit
+        layout = self._layout_of(tensors, dtype)
         if self._ring is None or self._ring.dtype != dtype:
             self._ring = StagingRing(dtype, self.device)
-        host = self._ring.acquire(total)
-        base = host.data_ptr()
-        for t, offset in zip(tensors, offsets, strict=True):
-            ctypes.memmove(base + offset * itemsize, t.data_ptr(), t.numel() * itemsize)
-        device_buffer = torch.empty(total, dtype=dtype, device=self.device)
-        device_buffer.copy_(host[:total], non_blocking=True)
+        host = self._ring.acquire(layout.total)
+        torch_compat.foreach_copy(layout.host_views(host), tensors)  # one call packs every tensor
+        device_buffer = torch.empty(layout.total, dtype=dtype, device=self.device)
+        device_buffer.copy_(host[: layout.total], non_blocking=True)
         self._ring.issued()
-        for i, t, offset in zip(self.indices, tensors, offsets, strict=True):
-            inputs[i] = device_buffer.as_strided(t.shape, t.stride(), offset)
+        for i, view in zip(self.indices, layout.device_views(device_buffer), strict=True):
+            inputs[i] = view
         self.batched_calls += 1
+
+    def _layout_of(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> _PackedLayout:
+        key = (dtype, *((tuple(t.shape), t.stride()) for t in tensors))
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= _LAYOUTS_KEPT:
+                self._layouts.clear()
+            layout = self._layouts[key] = _PackedLayout.of(tensors, dtype)
+        return layout
+
+
+class _PackedLayout:
+    """Where each tensor of one call pattern (shapes, strides, dtype) sits in the packed buffer: element
+    offsets aligned to ``_ALIGN_BYTES`` (kernels may assume aligned inputs), the views of each staging
+    buffer that receive the tensors (made once per buffer), and how the device buffer is cut into the
+    inputs: one ``unbind`` when every tensor has the same contiguous shape, else one view each."""
+
+    def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], dtype: torch.dtype) -> None:
+        unit = max(1, _ALIGN_BYTES // dtype.itemsize)
+        self.shapes = shapes
+        self.offsets: list[int] = []
+        total = 0
+        for shape, _ in shapes:
+            self.offsets.append(total)
+            total += -(-max(math.prod(shape), 1) // unit) * unit
+        self.total = total
+        first = shapes[0][0]
+        uniform = all(shape == first for shape, _ in shapes) and all(
+            stride == _contiguous_strides(shape) for shape, stride in shapes
+        )
+        self.rows = self.offsets[1] - self.offsets[0] if uniform and len(shapes) > 1 else 0
+        self._host: dict[int, list[torch.Tensor]] = {}
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor], dtype: torch.dtype) -> _PackedLayout:
+        return cls([(tuple(t.shape), t.stride()) for t in tensors], dtype)
+
+    def host_views(self, host: torch.Tensor) -> list[torch.Tensor]:
+        views = self._host.get(host.data_ptr())
+        if views is None:  # a staging buffer of the ring: the same buffer on every lap
+            views = self._host[host.data_ptr()] = self._views(host)
+        return views
+
+    def device_views(self, buffer: torch.Tensor) -> Sequence[torch.Tensor]:
+        if self.rows:
+            shape = self.shapes[0][0]
+            numel = math.prod(shape)
+            return (
+                buffer.view(len(self.shapes), self.rows)[:, :numel].view(len(self.shapes), *shape).unbind(0)
+            )
+        return self._views(buffer)
+
+    def _views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return [
+            buffer.as_strided(shape, stride, offset)
+            for (shape, stride), offset in zip(self.shapes, self.offsets, strict=True)
+        ]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 @dataclass
