@@ -115,6 +115,7 @@ def matrix(session: nox.Session) -> None:
         session.notify("dashboard", posargs=[])  # not the matrix's own arguments
     # Last, after every cell ran: the runs of the label, and a failure with one line per broken cell.
     session.notify("summary", posargs=["--label", label, "--check"])
+    session.log(f"queued {len(selected)} cell session(s), then the dashboard and the summary: they run next")
 
 
 def _install_project(session: nox.Session) -> None:

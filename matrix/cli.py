@@ -64,10 +64,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Compatibility and regression matrix of grace over PyTorch x Triton x CUDA.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name in COMMAND_MODULES:
         importlib.import_module(f"matrix.commands.{name}").register(subparsers)
+    for action in subparsers._choices_actions:  # a subcommand's help is its description unless it has one
+        command = subparsers.choices[action.dest]
+        if not command.description and action.help:
+            command.description = action.help[0].upper() + action.help[1:] + "."
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PROG)
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,6 +85,7 @@ def pytest_command(
             argv += ["-n", workers, "--dist=loadgroup"]  # tests sharing an xdist_group share a worker
     if cell.markers:
         argv += ["-m", cell.markers]
+    argv.append("--tb=short")  # a failure in a few lines, not the test's source and docstring again
     return argv + list(pytest_args)
 
 

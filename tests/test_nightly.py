@@ -180,7 +180,7 @@ def test_report_steps_run_commands_on_the_target_store(tmp_path: Path, child_pyt
     open_store(options.target_url).kw["bind"].dispose()  # run_nightly creates the target first
     step = run_report_step(options, "summary", ["--all"], _Children())
     assert step.exit_code == 0 and step.skipped is None
-    assert "no runs match" in step.output.read_text()  # the target store exists and is empty
+    assert "the store holds no runs" in step.output.read_text()  # the target store exists, empty
     missing = run_report_step(options, "no-such-command", [], _Children())
     assert missing.exit_code is None and "no `no-such-command` command" in (missing.skipped or "")
 

@@ -23,7 +23,13 @@ def register(subparsers: Any) -> None:
         "merged. Then judge regressions and render the dashboard. Arguments after -- go to pytest.",
     )
     parser.add_argument(
-        "--cells", action="append", default=[], metavar="ID[,ID...]", help="cells to run (repeatable)"
+        "--cell",
+        "--cells",
+        dest="cells",
+        action="append",
+        default=[],
+        metavar="ID[,ID...]",
+        help="cells to run (repeatable; --cells is the same option)",
     )
     parser.add_argument(
         "--tag", action="append", default=[], help="cells with this tag (repeatable; default: nightly)"

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.errors import MatrixError
 from matrix.report import build_report, render_text
 from matrix.store.db import StoreAccess, open_store
 from matrix.text import terminal_text
@@ -21,7 +22,8 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", action="append", default=[], help="only workloads matching this glob")
     parser.add_argument(
         "--input",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="FILE",
         help="read runs from these export files (grace-matrix export, e.g. results/) instead of the store",
@@ -62,6 +64,9 @@ def handle(args: argparse.Namespace) -> int:
     Session = open_selected_store(args)
     with Session() as session:
         report = build_report(session, args.run, args.label, args.cell, args.workload)
+    selection = [f"--{n} {v}" for n in ("run", "label", "cell", "workload") for v in getattr(args, n)]
+    if not report.rows and selection:
+        raise MatrixError(f"no result in the store matches {' '.join(selection)}")
     if getattr(args, "json", False):
         json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
