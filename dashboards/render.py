@@ -79,6 +79,10 @@ def _day(value: dt.datetime) -> str:
     return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d")
 
 
+def _minute(value: dt.datetime) -> str:
+    return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _xml_value(value: Any) -> Any:
     """What an expression of the feed prints: text with the characters XML forbids made visible."""
     if isinstance(value, str) and not isinstance(value, Markup):
@@ -97,7 +101,7 @@ def environment(xml: bool = False) -> Environment:
         keep_trailing_newline=True,
         finalize=_xml_value if xml else None,
     )
-    env.filters.update(ms=_ms, pvalue=_pvalue, iso=_iso, rfc3339=_rfc3339, day=_day)
+    env.filters.update(ms=_ms, pvalue=_pvalue, iso=_iso, rfc3339=_rfc3339, day=_day, minute=_minute)
     return env
 
 

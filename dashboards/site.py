@@ -42,6 +42,7 @@ from matrix.regressions.observations import (
     CellKey,
     RunInfo,
     Suite,
+    natural_key,
 )
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
@@ -53,7 +54,7 @@ HEADLINES = (("grace", "inductor"), ("grace", "pt2cg"), ("pt2cg", "inductor"))
 PI_STAGES = tuple(s.value for s in PIStage)
 SUITES = (Suite.CORRECTNESS, Suite.PERFORMANCE, Suite.PI)
 _BAD = {Verdict.FAIL, Verdict.MISSING}
-_WARN = {Verdict.XFAIL, Verdict.FLAKY, Verdict.IMPROVED, Verdict.SKIP}
+_WARN = {Verdict.XFAIL, Verdict.FLAKY, Verdict.IMPROVED}  # a SKIP is neutral: it says what did not apply
 
 
 _HASH_DIGITS = 16
@@ -121,6 +122,14 @@ class GridRow:
     tests: SuiteSummary | None = None  # the tests suite: failures no result explains, the run's end
 
     @property
+    def broken(self) -> bool:
+        return self.outcomes_state == "bad" or any(s.state == "bad" for s in self.suites)
+
+    @property
+    def anchor(self) -> str:
+        return "cell-" + slug(self.run.cell_key)
+
+    @property
     def outcomes_state(self) -> str:
         """The pytest column's colour: the tests suite's verdicts where it has any; else warn for failed
         tests whose own records carry their verdicts; else ok, or none without outcomes."""
@@ -153,6 +162,7 @@ class PIFailure:
 
 @dataclass(frozen=True)
 class PIStackRow:
+    gpu: str
     triton: str
     torch: str
     cuda: str
@@ -213,15 +223,30 @@ class Site:
     extra: dict[str, Any] = field(default_factory=dict)
     fuzz: tuple[FuzzRow, ...] = ()  # the differential fuzzer's runs, newest first (dashboards.fuzz)
 
+    # -- the index's verdict header ---------------------------------------------------------------
+    @property
+    def new_regressions(self) -> int:
+        """As the regressions page counts them (one list for both)."""
+        return sum(1 for view in self.regressions if view.regression.new)
+
+    @property
+    def pi_breakages(self) -> int:
+        return sum(len(row.failures) for row in self.pi_rows)
+
+    @property
+    def broken_rows(self) -> tuple[GridRow, ...]:
+        """Cells whose latest run has a failure in some part (the red rows of the grid)."""
+        return tuple(row for row in self.grid if row.broken)
+
 
 def _state(verdicts: Counter[str], failing: bool) -> str:
-    if not verdicts:
-        return "none"
     if failing or any(verdicts.get(v.value) for v in _BAD):
         return "bad"
     if any(verdicts.get(v.value) for v in _WARN):
         return "warn"
-    return "ok"
+    if verdicts.get(Verdict.PASS.value):
+        return "ok"
+    return "none"  # nothing judged, or only skips
 
 
 def _synthetic_cells(session: Session) -> set[str]:
@@ -329,14 +354,14 @@ def _pi_rows(
     merged = [
         (r, row) for r in latest for row in logical.merge_latest(r, per_pk, lambda x: (x.subject, x.stage))
     ]
-    stacks: dict[tuple[str, str, str], dict[str, Any]] = {}
+    stacks: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for r in latest:
-        ident = (r.triton_version or "-", r.torch_version or "-", r.cuda_runtime or "-")
+        ident = (_gpu(r), r.triton_version or "-", r.torch_version or "-", r.cuda_runtime or "-")
         entry = stacks.setdefault(ident, {"cells": set(), "stages": defaultdict(Counter), "failures": []})
         entry["cells"].add(r.cell_id)
     for run, row in merged:
         triton = row.triton_version or run.triton_version or "-"
-        ident = (triton, run.torch_version or "-", run.cuda_runtime or "-")
+        ident = (_gpu(run), triton, run.torch_version or "-", run.cuda_runtime or "-")
         entry = stacks.setdefault(
             ident, {"cells": {run.cell_id}, "stages": defaultdict(Counter), "failures": []}
         )
@@ -348,7 +373,7 @@ def _pi_rows(
     pi_files = {row.nodeid.split("::", 1)[0] for rows in per_pk.values() for row in rows if row.nodeid}
     for cell in reports:  # tests of a PI test file that failed without a result, and unfinished runs
         run = cell.run
-        ident = (run.triton_version or "-", run.torch_version or "-", run.cuda_runtime or "-")
+        ident = (_gpu(run), run.triton_version or "-", run.torch_version or "-", run.cuda_runtime or "-")
         for f in cell.findings:
             where = f.nodeid.split("::", 1)[0]
             if f.key.suite is Suite.TESTS and f.verdict in _BAD and (where in pi_files or not f.nodeid):
@@ -362,7 +387,7 @@ def _pi_rows(
                     PIFailure(run.cell_id, run.uid, subject, "tests", f.actual or "", f.message, f.nodeid)
                 )
     result = []
-    for (triton, torch, cuda), entry in stacks.items():
+    for (gpu, triton, torch, cuda), entry in stacks.items():
         if not entry["stages"]:
             continue
         failures = sorted(
@@ -371,6 +396,7 @@ def _pi_rows(
         )
         result.append(
             PIStackRow(
+                gpu,
                 triton,
                 torch,
                 cuda,
@@ -380,7 +406,15 @@ def _pi_rows(
                 entry.get("broken", 0),
             )
         )
-    return sorted(result, key=lambda r: (r.triton, r.torch, r.cuda), reverse=True)
+    # By machine first (a GPU's failures never sit among a CPU cell's skips), newest versions first.
+    by_versions = sorted(
+        result, key=lambda r: (natural_key(r.triton), natural_key(r.torch), natural_key(r.cuda)), reverse=True
+    )
+    return sorted(by_versions, key=lambda r: (r.gpu == "no GPU", r.gpu))
+
+
+def _gpu(run: RunInfo) -> str:
+    return run.gpu_name or "no GPU"
 
 
 def _workloads(

@@ -150,8 +150,12 @@ def test_seeded_regression_and_pi_failure_show_on_the_dashboard(
     assert f"<td>{seeded.pi_stage}</td><td>{seeded.pi_subject}" in pi
     assert pi.count('class="bad">fail</td>') == 2  # the seeded one and the one from the history
     index = (out / "index.html").read_text()
-    row_html = re.search(rf"<strong>{re.escape(seeded.cell_id)}</strong>.*?</tr>", index, re.S)
+    row_html = re.search(rf"<strong>{re.escape(seeded.cell_id)} \(.*?</tr>", index, re.S)
     assert row_html is not None and ">2 new, 2 total</a>" in row_html.group(0)
+    header = index.split('<table class="grid">', 1)[0]  # the verdict header, before the grid
+    new = len(re.findall(r'<tr id="r-[^"]+" class="new">', regressions))  # the regressions page's count
+    assert new >= 2 and f'<a href="regressions.html">{new} new regressions</a>' in header
+    assert re.search(r'<a href="pi.html">[1-9]\d* PI breakages?</a>', header)
 
 
 def test_script_in_a_failure_message_renders_inert(out: Path) -> None:

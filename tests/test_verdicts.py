@@ -144,12 +144,12 @@ def test_a_cell_whose_tests_fail_without_results_fails_every_reader(
     site = tmp_path / "site"
     assert main(["dashboard", "--db", db, "--out", str(site)]) == 0
     index = (site / "index.html").read_text(encoding="utf-8")
-    rows = {
-        m.group(1): m.group(0)
-        for m in re.finditer(r"<tr>\s*<td><strong>([\w-]+)</strong>.*?</tr>", index, re.S)
-    }
+    row = r'<tr id="[^"]+">\s*<td><strong>([\w-]+) \([^<]*\)</strong>.*?</tr>'
+    rows = {m.group(1): m.group(0) for m in re.finditer(row, index, re.S)}
     assert 'class="bad"' in rows["broken"] and "2 test(s) failed without a result" in rows["broken"]
     assert 'class="bad"' not in rows["fine"]
+    header = index.split('<table class="grid">', 1)[0]  # the verdict header names the broken cell first
+    assert re.search(r'1 broken cell of 2: <a href="#cell-[^"]+">broken \(no GPU\)</a>', header), header
     compatibility = (site / "compatibility.html").read_text(encoding="utf-8")
     assert re.search(r">broken</a></td>.*?class=\"bad\">FAIL 1/3</td>", compatibility, re.S), compatibility
     pi = (site / "pi.html").read_text(encoding="utf-8")

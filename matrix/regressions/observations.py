@@ -115,6 +115,18 @@ class RunInfo:
         return self.uid[:8]
 
     @property
+    def display_name(self) -> str:
+        """The cell as pages name it, unique per cell key: one id may run on several machines."""
+        return f"{self.cell_id} ({self.gpu_name or 'no GPU'})"
+
+    @property
+    def short_sha(self) -> str:
+        """The code the run ran (the commit, ``-dirty`` kept), shortened; "" when unknown."""
+        sha = self.git_sha or ""
+        dirty = sha.endswith("-dirty")
+        return sha[:9] + ("-dirty" if dirty else "") if sha else ""
+
+    @property
     def stack(self) -> str:
         torch, triton, cuda = self.torch_version or "-", self.triton_version or "-", self.cuda_runtime or "-"
         return f"torch {torch} / triton {triton} / CUDA {cuda}"
