@@ -271,9 +271,12 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
     index = [
         {
             "uid": d.run.uid,
-            "cell": d.run.cell_id,
+            "cell": d.run.display_name,
+            "cell_key": d.run.cell_key,
             "label": d.run.label,
-            "started": _iso(d.run.started_at),
+            "started": _minute(d.run.started_at),
+            "sha": d.run.short_sha,
+            "suites": sorted({r[0] for r in d.rows}),
             "file": _run_file(d.run),
         }
         for d in site.digests

@@ -227,11 +227,19 @@ class Site:
     @property
     def new_regressions(self) -> int:
         """As the regressions page counts them (one list for both)."""
-        return sum(1 for view in self.regressions if view.regression.new)
+        return len(self.new_regression_views)
+
+    @property
+    def new_regression_views(self) -> tuple[RegressionView, ...]:
+        return tuple(view for view in self.regressions if view.regression.new)
 
     @property
     def pi_breakages(self) -> int:
         return sum(len(row.failures) for row in self.pi_rows)
+
+    @property
+    def pi_failures(self) -> tuple[PIFailure, ...]:
+        return tuple(f for row in self.pi_rows for f in row.failures)
 
     @property
     def broken_rows(self) -> tuple[GridRow, ...]:

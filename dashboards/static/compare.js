@@ -19,7 +19,8 @@
     [selA, selB].forEach(function (sel) {
       var option = document.createElement("option");
       option.value = run.uid;
-      option.textContent = run.started + "  " + run.cell + "  " + (run.label || "") + "  (" + run.uid.slice(0, 8) + ")";
+      option.textContent = run.started + "  " + run.cell + "  " + (run.sha ? "code " + run.sha + "  " : "") +
+        (run.label || "") + "  (" + run.uid.slice(0, 8) + ")";
       sel.appendChild(option);
     });
   });
@@ -45,6 +46,8 @@
     row.appendChild(td);
   }
 
+  function passing(status) { return status === "pass" || status === "ok"; }
+
   function fmt(value) { return value === null || value === undefined ? "-" : Number(value).toPrecision(4); }
 
   function render(a, b) {
@@ -64,11 +67,18 @@
     Object.keys(rows).sort().forEach(function (key) {
       var r = rows[key];
       var ratio = r.m[0] && r.m[1] ? r.m[1] / r.m[0] : null;
-      var differs = r.s[0] !== r.s[1] || (ratio !== null && (ratio > 1 + band || ratio < 1 / (1 + band)));
+      var absent = r.s[0] === null || r.s[1] === null;
+      var slower = ratio !== null && ratio > 1 + band, faster = ratio !== null && ratio < 1 / (1 + band);
+      var statusChanged = !absent && r.s[0] !== r.s[1];
+      var differs = absent || statusChanged || slower || faster;
       if (differs) { changed += 1; }
       if (onlyChanges.checked && !differs) { return; }
       var tr = document.createElement("tr");
-      if (differs) { tr.className = "changed"; }
+      // Colour says which way a real difference goes; a result only one run has is grey, not a change.
+      if (statusChanged) { tr.className = passing(r.s[1]) ? "better" : "worse"; }
+      else if (slower) { tr.className = "worse"; }
+      else if (faster) { tr.className = "better"; }
+      else if (absent) { tr.className = "absent"; }
       cell(tr, r.suite); cell(tr, r.workload); cell(tr, r.mode);
       cell(tr, r.s[0] === null ? "absent" : r.s[0]); cell(tr, r.s[1] === null ? "absent" : r.s[1]);
       cell(tr, fmt(r.m[0]), "num"); cell(tr, fmt(r.m[1]), "num");
@@ -85,7 +95,7 @@
     if (push && window.history && window.history.replaceState) {
       window.history.replaceState(null, "", "?a=" + encodeURIComponent(a) + "&b=" + encodeURIComponent(b));
     }
-    if (!a && !b) { table.hidden = true; statusLine.textContent = "Choose two runs."; return; }
+    if (!a || !b) { table.hidden = true; statusLine.textContent = "Choose two runs."; return; }
     statusLine.textContent = "Loading...";
     Promise.all([load(a), load(b)]).then(function (data) { render(data[0], data[1]); }, function (err) {
       table.hidden = true;
@@ -93,7 +103,26 @@
     });
   }
 
+  // The default pair: the newest run and the run before it of the same cell that shares a suite with it.
+  function defaultPair() {
+    for (var i = index.length - 1; i >= 0; i -= 1) {
+      var b = index[i];
+      for (var j = i - 1; j >= 0; j -= 1) {
+        var a = index[j];
+        if (a.cell_key === b.cell_key && a.suites.some(function (s) { return b.suites.indexOf(s) >= 0; })) {
+          return [a.uid, b.uid];
+        }
+      }
+    }
+    return ["", ""];
+  }
+
   var params = new URLSearchParams(window.location.search);
+  if (!params.get("a") && !params.get("b")) {
+    var pair = defaultPair();
+    selA.value = pair[0];
+    selB.value = pair[1];
+  }
   [["a", selA], ["b", selB]].forEach(function (pair) {
     var uid = params.get(pair[0]);
     if (uid && byUid[uid]) { pair[1].value = uid; }
