@@ -30,8 +30,15 @@ from typing import Any
 import pytest
 
 from dashboards.render import write_site
-from dashboards.site import build_site
-from matrix.regressions.synthetic import SCRIPT_PAYLOAD, SeededFailure, SyntheticSpec, seed_demo, seed_history
+from dashboards.site import build_site, slug
+from matrix.regressions.synthetic import (
+    SCRIPT_PAYLOAD,
+    DemoSeed,
+    SeededFailure,
+    SyntheticSpec,
+    seed_demo,
+    seed_history,
+)
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.db import open_store
 
@@ -40,6 +47,8 @@ pytestmark = pytest.mark.browser
 REQUIRE_ENV = "GRACE_MATRIX_REQUIRE_BROWSER"
 CHROMIUM_ENV = "GRACE_MATRIX_CHROMIUM"
 ARTIFACTS_ENV = "GRACE_MATRIX_ARTIFACTS"
+SCREENSHOTS_ENV = "GRACE_MATRIX_SCREENSHOTS"  # a folder for the published site's named screenshots
+RESULTS = sorted((Path(__file__).resolve().parent.parent / "results").glob("*.jsonl"))
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -201,6 +210,27 @@ def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def published(site_dir: Path) -> tuple[Path, DemoSeed]:
+    """The site of the committed results (results/*.jsonl) plus a seeded regression and PI failure,
+    beside the synthetic one (the same server serves both)."""
+    from matrix.transfer import ingest_jsonl
+
+    if not RESULTS:
+        pytest.skip("no committed results under results/")
+    store = open_store("sqlite://")
+    with store.begin() as session:
+        for path in RESULTS:
+            with path.open("rb") as handle:
+                ingest_jsonl(session, handle, str(path))
+        seeded = seed_demo(session)
+    with store() as session:
+        site = build_site(session, Thresholds())
+    out = site_dir.parent / "published"
+    write_site(site, out)
+    return out, seeded
+
+
+@pytest.fixture(scope="module")
 def server(site_dir: Path) -> Iterator[str]:
     handler = functools.partial(_QuietHandler, directory=str(site_dir.parent))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -321,13 +351,67 @@ def test_compare_page_combines_two_runs_in_the_browser(
     status = devtools.evaluate("document.getElementById('compare-status').textContent")
     assert "results" in status and "differ" in status
     rows = devtools.evaluate("document.querySelectorAll('#compare-table tbody tr').length")
-    assert rows > 10
+    coloured = devtools.evaluate(
+        "document.querySelectorAll('#compare-table tbody tr.worse, #compare-table tbody tr.better').length"
+    )
+    assert 0 < rows and coloured <= rows  # only differences by default, coloured by which way they go
+    devtools.evaluate("document.getElementById('only-changes').click()")  # every row (loaded again)
+    count = "document.querySelectorAll('#compare-table tbody tr').length"
+    deadline = time.monotonic() + TIMEOUT_S
+    while devtools.evaluate(count) <= max(10, rows) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert devtools.evaluate(count) > max(10, rows)
     # the seeded message is in the data of the run: shown as text by the table, never run
     assert devtools.evaluate("typeof window.__grace_pwned") == "undefined"
     # an unknown run in the query string is reported on the page, not as a console error
     report = visit(devtools, f"{server}site/compare.html?a=deadbeef&b=", server, artifacts)
     assert report.problems == []
     assert "no run deadbeef" in devtools.evaluate("document.getElementById('compare-status').textContent")
+
+
+def _text(client: DevTools, selector: str) -> str:
+    return str(client.evaluate(f"(document.querySelector({json.dumps(selector)}) || {{}}).textContent || ''"))
+
+
+def test_the_published_site_names_the_seeded_faults_first_and_its_pages_agree(
+    devtools: DevTools, server: str, published: tuple[Path, DemoSeed], artifacts: Path
+) -> None:
+    """The committed results with a seeded regression and PI failure: the index's verdict header names
+    both before anything else; the workload page, the regressions page and the header agree on the
+    regression; the compare page opens on two runs of one cell; screenshots of each page are kept
+    (``GRACE_MATRIX_SCREENSHOTS``: the folder docs/screenshots/ is made from)."""
+    out, seeded = published
+    workload, mode = seeded.regression
+    shots = Path(os.environ[SCREENSHOTS_ENV]) if os.environ.get(SCREENSHOTS_ENV) else artifacts
+    shots.mkdir(parents=True, exist_ok=True)
+    pages = {
+        "index": "published/index.html",
+        "workload": f"published/workloads/{slug(workload)}.html",
+        "regressions": "published/regressions.html",
+        "compare": "published/compare.html",
+        "pi": "published/pi.html",
+    }
+    texts: dict[str, str] = {}
+    selected: list[str] = []
+    for name, page in pages.items():
+        ready = "document.querySelectorAll('#compare-table tbody tr').length > 0" if name == "compare" else None
+        report = visit(devtools, f"{server}{page}", server, artifacts, ready=ready)
+        assert report.problems == [], (page, report.problems)
+        texts[name] = str(devtools.evaluate("document.body.innerText"))
+        if name == "compare":
+            selected = devtools.evaluate(
+                "[document.getElementById('run-a').value, document.getElementById('run-b').value]"
+            )
+        if shots is not artifacts:
+            (shots / f"{name}.png").write_bytes(report.screenshot.read_bytes())
+    header = texts["index"].split("Latest run per cell", 1)[1].split("cell\t", 1)[0]
+    assert f"{workload} / {mode} (performance" in header, header
+    assert f"{seeded.pi_subject} / {seeded.pi_stage}" in header, header
+    assert f"{workload}" in texts["regressions"] and seeded.pi_subject in texts["regressions"]
+    index = json.loads((out / "data" / "runs.js").read_text().split("=", 1)[1].strip().rstrip(";"))
+    by_uid = {run["uid"]: run for run in index}
+    a, b = (by_uid[uid] for uid in selected)
+    assert a["cell_key"] == b["cell_key"] and a["uid"] != b["uid"]  # one cell, two of its runs
 
 
 def test_harness_catches_console_errors(devtools: DevTools, server: str, artifacts: Path) -> None:
