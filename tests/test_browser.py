@@ -354,7 +354,7 @@ def test_compare_page_combines_two_runs_in_the_browser(
     coloured = devtools.evaluate(
         "document.querySelectorAll('#compare-table tbody tr.worse, #compare-table tbody tr.better').length"
     )
-    assert 0 < rows and coloured <= rows  # only differences by default, coloured by which way they go
+    assert rows > 0 and coloured <= rows  # only differences by default, coloured by which way they go
     devtools.evaluate("document.getElementById('only-changes').click()")  # every row (loaded again)
     count = "document.querySelectorAll('#compare-table tbody tr').length"
     deadline = time.monotonic() + TIMEOUT_S
@@ -394,7 +394,8 @@ def test_the_published_site_names_the_seeded_faults_first_and_its_pages_agree(
     texts: dict[str, str] = {}
     selected: list[str] = []
     for name, page in pages.items():
-        ready = "document.querySelectorAll('#compare-table tbody tr').length > 0" if name == "compare" else None
+        filled = "document.querySelectorAll('#compare-table tbody tr').length > 0"
+        ready = filled if name == "compare" else None
         report = visit(devtools, f"{server}{page}", server, artifacts, ready=ready)
         assert report.problems == [], (page, report.problems)
         texts[name] = str(devtools.evaluate("document.body.innerText"))
