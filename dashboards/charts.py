@@ -217,7 +217,7 @@ def history_chart(
     tick_w = max((text_width(f"{t:g}", TICK_FONT) for _, _, ticks in domains for t in ticks), default=0.0)
     left = max(48.0, 20 + tick_w + 8)
     ends = [f"{s.points[-1].value:.4g} {unit}" for s in shown]
-    right = 12.0 if len(positions) == 1 else max(text_width(e, TICK_FONT) for e in ends) + 12
+    right = 12.0 if len(positions) == 1 else max(text_width(e, TICK_FONT) for e in ends) + 16
     plot_w, plot_h = width - left - right, max(48.0, text_width(axis_title, TICK_FONT) + 6)
     grid = tuple(x_ticks(positions, labels, plot_w))
     frame = _Frame(left, plot_w, plot_h, positions[0], positions[-1], unit, axis_title, grid)
@@ -318,7 +318,7 @@ def _panel_data(panel: _Panel, frame: _Frame) -> list[str]:
     if frame.single:  # centred above the point
         out.append(f'<text x="{cx:.1f}" y="{cy - 7:.1f}" text-anchor="middle" class="value">{value}</text>')
     else:  # right of the panel, level with the latest point
-        x = frame.left + frame.plot_w + 6
+        x = frame.left + frame.plot_w + 9  # clear of a suspect ring (r 6)
         out.append(f'<text x="{x:.1f}" y="{cy + 3.5:.1f}" class="value">{value}</text>')
     if s.suspect is not None:
         stroke = SLOWER if s.suspect.change > 0 else FASTER
