@@ -6,9 +6,10 @@ history, any two runs side by side), and the site must build in seconds from a s
 
 Design: ``build_site`` reads the store once per table with column selects (``matrix.regressions.loader``
 and a compact raw pass for the per-run comparison data), runs regression detection on the latest run of
-every cell (``matrix.regressions.report.detect``), runs step detection on every workload x mode history,
-builds the compatibility table (``matrix.compatibility.build_table``, as docs/COMPATIBILITY.md does) and
-returns frozen view objects. ``dashboards.render`` turns them into files; nothing here writes.
+every cell (``matrix.regressions.report.detect``), builds each workload's page with its history charts
+(``dashboards.workloads``), builds the compatibility table (``matrix.compatibility.build_table``, as
+docs/COMPATIBILITY.md does) and returns frozen view objects. ``dashboards.render`` turns them into
+files; nothing here writes.
 Every run shown is a logical run (``matrix.regressions.logical``): the runs of one cell sharing a label
 are one row of the grid, one point of a history, one side of a comparison, with, per key, the results of
 the latest of them that recorded it.
@@ -20,26 +21,22 @@ Invariants: no torch import; only data from the store; every string from a test 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from markupsafe import Markup
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dashboards.charts import Point, StepMark, line_chart
 from dashboards.fuzz import FuzzRow, fuzz_rows
+from dashboards.workloads import HistoryChart, WorkloadView, check_slugs, slug, workload_views
 from matrix.compatibility import CompatibilityTable, build_table
-from matrix.regressions import history, loader, logical, pairwise, report, status
+from matrix.regressions import loader, logical, pairwise, report, status
 from matrix.regressions.observations import (
     PASSING_STATUS,
     RUN_SUBJECT,
     TEST_FAILURES,
-    CellKey,
     RunInfo,
     Suite,
     natural_key,
@@ -49,36 +46,14 @@ from matrix.regressions.thresholds import Thresholds
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
 from suites.records import PIStage
 
+__all__ = ["HistoryChart", "Site", "WorkloadView", "build_site", "slug"]
+
 HEADLINES = (("grace", "inductor"), ("grace", "pt2cg"), ("pt2cg", "inductor"))
 """Speedups shown on the index: (mode, reference), geometric mean over workloads that ran in both."""
 PI_STAGES = tuple(s.value for s in PIStage)
 SUITES = (Suite.CORRECTNESS, Suite.PERFORMANCE, Suite.PI)
 _BAD = {Verdict.FAIL, Verdict.MISSING}
 _WARN = {Verdict.XFAIL, Verdict.FLAKY, Verdict.IMPROVED}  # a SKIP is neutral: it says what did not apply
-
-
-_HASH_DIGITS = 16
-_HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_DIGITS}}}$")
-
-
-def slug(name: str) -> str:
-    """A file name for ``name``, readable and injective: a name made of ``[A-Za-z0-9_.-]`` (at most 80,
-    not starting with a dot) is its own slug; any other name is its readable part plus ``-`` and 16 hex
-    digits of its SHA-1. A name that itself ends like a hashed slug is hashed too, so a name kept as it is
-    never equals the slug of another name (``slug("mlp large") != slug(slug("mlp large"))``)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-    if safe != name or safe.startswith(".") or not safe or _HASHED.search(name):
-        safe = f"{safe.lstrip('.')}-{hashlib.sha1(name.encode()).hexdigest()[:_HASH_DIGITS]}"
-    return safe
-
-
-def _check_slugs(names: Sequence[str]) -> None:
-    """Refuse two names with one slug (only a 64-bit SHA-1 prefix collision could cause one)."""
-    seen: dict[str, str] = {}
-    for name in names:
-        other = seen.setdefault(slug(name), name)
-        if other != name:
-            raise ValueError(f"workloads {other!r} and {name!r} would share the page {slug(name)!r}")
 
 
 @dataclass(frozen=True)
@@ -178,22 +153,6 @@ class PIStackRow:
         if counts.get("fail") or self.broken_tests:  # a stage is not shown passing beside a dead test
             return "bad"
         return "ok" if counts.get("pass") else "warn"
-
-
-@dataclass(frozen=True)
-class HistoryChart:
-    cell_key: str
-    title: str
-    svg: Markup
-    steps: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class WorkloadView:
-    name: str
-    slug: str
-    charts: tuple[HistoryChart, ...]
-    latest: tuple[tuple[str, str, str, str, float | None], ...]  # cell, mode, correctness, perf, median
 
 
 @dataclass(frozen=True)
@@ -425,67 +384,6 @@ def _gpu(run: RunInfo) -> str:
     return run.gpu_name or "no GPU"
 
 
-def _workloads(
-    runs: Sequence[RunInfo],
-    medians: dict[int, dict[pairwise.PerfKey, float]],
-    reports: Sequence[report.CellReport],
-    thresholds: Thresholds,
-) -> list[WorkloadView]:
-    by_cell: dict[CellKey, list[RunInfo]] = defaultdict(list)
-    for run in runs:
-        by_cell[run.cell_key].append(run)
-    # one pass over the history: workload -> cell key -> mode -> points (x = position in the window)
-    histories: dict[str, dict[CellKey, dict[str, list[Point]]]] = defaultdict(lambda: defaultdict(dict))
-    windows: dict[CellKey, list[RunInfo]] = {}
-    for key, cell_runs in by_cell.items():
-        window = windows[key] = cell_runs[-thresholds.history.window :]
-        for x, run in enumerate(window):
-            day = f"{run.started_at:%Y-%m-%d} run {run.short_uid}"
-            for (w, mode), value in medians.get(run.pk, {}).items():
-                histories[w][key].setdefault(mode, []).append(Point(x, value, f"{day}: {value:.4g} ms"))
-    names: set[str] = set(histories)
-    latest_status: dict[str, list[tuple[str, str, str, str, float | None]]] = defaultdict(list)
-    for cell in reports:
-        statuses: dict[Suite, dict[pairwise.PerfKey, str]] = {Suite.CORRECTNESS: {}, Suite.PERFORMANCE: {}}
-        for f in cell.findings:
-            if f.key.suite in statuses:
-                statuses[f.key.suite][(f.key.workload, f.key.mode)] = f.actual or "missing"
-        run_medians = medians.get(cell.run.pk, {})
-        for w, mode in sorted(set(statuses[Suite.CORRECTNESS]) | set(statuses[Suite.PERFORMANCE])):
-            names.add(w)
-            latest_status[w].append(
-                (
-                    cell.run.cell_id,
-                    mode,
-                    statuses[Suite.CORRECTNESS].get((w, mode), "-"),
-                    statuses[Suite.PERFORMANCE].get((w, mode), "-"),
-                    run_medians.get((w, mode)),
-                )
-            )
-    views = []
-    for name in sorted(names):
-        charts = []
-        for key, series in sorted(histories.get(name, {}).items()):
-            window = windows[key]
-            marks, notes = [], []
-            for mode, points in sorted(series.items()):
-                for step in history.detect_steps([p.value for p in points], thresholds.history):
-                    at = points[step.index]
-                    when = window[at.x].started_at
-                    label = (
-                        f"{mode}: x{step.ratio:.3f} ({step.before_ms:.4g} -> {step.after_ms:.4g} ms) "
-                        f"at {when:%Y-%m-%d}, p={step.p_value:.2g}"
-                    )
-                    marks.append(StepMark(at.x, label, step.slower))
-                    notes.append(label)
-            labels = {0: f"{window[0].started_at:%m-%d}", len(window) - 1: f"{window[-1].started_at:%m-%d}"}
-            title = f"{name} on {key}"
-            chart = line_chart(dict(sorted(series.items())), marks, labels, title=title)
-            charts.append(HistoryChart(key, title, chart, tuple(notes)))
-        views.append(WorkloadView(name, slug(name), tuple(charts), tuple(latest_status.get(name, ()))))
-    return views
-
-
 def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None = None) -> Site:
     """Everything the pages show, from the store behind ``session``."""
     runs = logical.group_runs(loader.load_runs(session))
@@ -499,9 +397,9 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
     outcomes = logical.outcome_counts(session, latest)
     synthetic = _synthetic_cells(session)
     by_uid = {r.uid: r for r in runs}
-    workloads = _workloads(runs, medians, detected.cells, thresholds)
+    workloads = workload_views(runs, medians, detected.cells, thresholds)
     pages = {w.name for w in workloads}
-    _check_slugs(sorted(pages))
+    check_slugs(sorted(pages))
     regressions = []
     for cell in detected.cells:
         for i, r in enumerate(cell.regressions):

@@ -1,4 +1,6 @@
-"""The static site (dashboards.site, dashboards.render, dashboards.charts) and ``grace-matrix dashboard``."""
+"""The static site (dashboards.site, dashboards.render, dashboards.workloads) and ``grace-matrix dashboard``.
+
+The charts themselves: tests/test_dashboard_charts.py."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboards import render
-from dashboards.charts import Point, StepMark, line_chart
 from dashboards.render import write_site
 from dashboards.site import Site, build_site, slug
 from matrix.cli import main
@@ -216,6 +217,38 @@ def test_workload_pages_have_history_charts_with_steps(out: Path, site: Site) ->
     text = (out / "workloads" / f"{view.slug}.html").read_text()
     assert text.count("<svg") == len(view.charts) == 3
     assert "stroke-dasharray" in text  # the step mark
+    assert text.count('<g class="panel">') == 3 * len(SPEC.modes)  # one panel per cell and mode
+    assert "median ms" in text and "run start date" in text
+
+
+def test_workload_page_lists_cells_in_version_order(out: Path, site: Site) -> None:
+    view = next(w for w in site.workloads if w.name == "pyhpc_eos")
+    order = ["torch-2.9", "torch-2.10", "torch-2.11"]
+    assert [c.cell_key.split("@")[0] for c in view.charts] == order
+    assert list(dict.fromkeys(row[0] for row in view.latest)) == order
+    assert [row[1] for row in view.latest[: len(SPEC.modes)]] == ["eager", "inductor", "pt2cg", "grace"]
+    text = (out / "workloads" / f"{view.slug}.html").read_text()
+    positions = [text.index(f"pyhpc_eos on {cell}@") for cell in order]
+    assert positions == sorted(positions)
+
+
+def test_an_unconfirmed_jump_of_the_latest_run_is_marked(
+    out: Path, site: Site, demo: tuple[sessionmaker[Session], DemoSeed]
+) -> None:
+    seeded = demo[1]
+    workload, mode = seeded.regression
+    view = next(w for w in site.workloads if w.name == workload)
+    (chart,) = [c for c in view.charts if c.cell_key.startswith(f"{seeded.cell_id}@")]
+    (note,) = chart.suspects
+    found = re.fullmatch(
+        rf"{mode}: last run: \+([0-9.]+)% vs previous median, not yet confirmed as a step", note
+    )
+    assert found and abs(float(found[1]) - (seeded.factor - 1) * 100) < 3, note
+    assert 'class="suspect"' in chart.svg and not chart.steps
+    others = [c for w in site.workloads for c in w.charts if c is not chart]
+    assert not any(c.suspects for c in others)  # night-to-night noise is not a jump
+    text = (out / "workloads" / f"{view.slug}.html").read_text()
+    assert "unconfirmed:" in text and "vs previous median, not yet confirmed as a step" in text
 
 
 def test_headline_speedups_and_grid(site: Site) -> None:
@@ -227,19 +260,6 @@ def test_headline_speedups_and_grid(site: Site) -> None:
     torch29 = site.grid[0]
     states = {s.suite: s.state for s in torch29.suites}
     assert states == {"correctness": "bad", "performance": "ok", "pi": "bad"}
-
-
-def test_chart_escapes_text_and_handles_no_data() -> None:
-    svg = line_chart(
-        {"<b>": [Point(0, 1.0, "<i>"), Point(1, 2.0, "x")]}, [StepMark(1, "<s>", True)], {0: "<d>"}, "<t>"
-    )
-    assert (
-        "<b>" not in svg and "<i>" not in svg and "<s>" not in svg and "<t>" not in svg and "<d>" not in svg
-    )
-    assert "&lt;b&gt;" in svg
-    ET.fromstring(str(svg))  # well-formed XML
-    empty = line_chart({}, title="<x>")
-    assert "no data" in empty and "<x>" not in empty
 
 
 def test_slugs_are_safe_and_unique() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from matrix.regressions.history import detect_steps, new_steps
+from matrix.regressions.history import detect_steps, new_steps, pending_jump
 from matrix.regressions.thresholds import HistoryThresholds
 
 TH = HistoryThresholds()
@@ -105,3 +105,36 @@ def test_a_step_is_new_exactly_once_as_nights_go_by() -> None:
     values = noisy(20, rng, noise=0.01) + [v * 1.1 for v in noisy(10, rng, noise=0.01)]
     fresh_at = [n for n in range(6, len(values) + 1) if new_steps(values[:n], TH)]
     assert fresh_at == [20 + TH.min_segment], fresh_at
+
+
+def pending(values: list[float], th: HistoryThresholds = TH) -> float | None:
+    jump = pending_jump(values, detect_steps(values, th), th)
+    return None if jump is None else jump.ratio
+
+
+def test_a_jump_of_the_latest_run_is_pending_until_runs_after_it_confirm_a_step() -> None:
+    rng = random.Random(3)
+    before = noisy(20, rng, noise=0.01)
+    after = [v * 1.2 for v in noisy(TH.min_segment, rng, noise=0.01)]
+    ratio = pending(before + after[:1])
+    assert ratio is not None and 1.15 < ratio < 1.25
+    assert detect_steps(before + after[:1], TH) == []  # the detector cannot confirm it yet
+    assert pending(before + after) is None  # confirmed: the latest run belongs to the new level
+    assert len(detect_steps(before + after, TH)) == 1
+
+
+def test_a_faster_jump_is_pending_too() -> None:
+    jump = pending_jump([2.0, 2.01, 1.99, 1.7], [], TH)
+    assert jump is not None and not jump.slower and jump.level_ms == 2.0
+
+
+def test_noise_and_short_histories_are_not_pending_jumps() -> None:
+    rng = random.Random(11)
+    assert all(pending(noisy(n, rng, noise=0.005)) is None for n in range(1, 40))
+    assert pending([2.0]) is None
+
+
+def test_the_pending_threshold_is_the_step_threshold() -> None:
+    values = [2.0, 2.0, 2.0, 2.0, 2.3]  # +15%
+    assert pending(values, HistoryThresholds(min_step=0.1)) is not None
+    assert pending(values, HistoryThresholds(min_step=0.2)) is None

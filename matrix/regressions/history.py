@@ -17,6 +17,8 @@ Design (binary segmentation on log latencies, then three independent confirmatio
 
 A step near the end of the series is only confirmed once ``min_segment`` runs after it exist; until then
 it is not reported (an outlier on the latest night is the pairwise detector's job, with raw samples).
+``pending_jump`` names that case for a reader: the latest point moved by more than ``min_step`` from the
+median of its level (the points since the last confirmed step), which no step can confirm yet.
 
 Invariants: input values are positive latencies in time order; output steps are sorted by position, and
 each step's ``ratio`` is after/before of the neighbouring segments' medians (> 1 means slower).
@@ -45,6 +47,22 @@ class Step:
     after_ms: float  # median of the segment after
     ratio: float  # after / before; > 1 is slower
     p_value: float
+
+    @property
+    def slower(self) -> bool:
+        return self.ratio > 1.0
+
+
+@dataclass(frozen=True)
+class PendingJump:
+    """The latest point against the median of the points since the last confirmed step (its level)."""
+
+    level_ms: float  # median of the earlier points of the latest level
+    last_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.last_ms / self.level_ms
 
     @property
     def slower(self) -> bool:
@@ -156,3 +174,18 @@ def new_steps(values: Sequence[float], thresholds: HistoryThresholds) -> list[St
         if not known:
             fresh.append(step)
     return fresh
+
+
+def pending_jump(
+    values: Sequence[float], steps: Sequence[Step], thresholds: HistoryThresholds
+) -> PendingJump | None:
+    """The latest point's jump past ``min_step`` from its level, where ``steps`` are ``detect_steps`` of the
+    same ``values``: a step at the latest point cannot be confirmed (``min_segment`` >= 2 runs must follow
+    a step's start), so any such jump is unconfirmed. None without one or without an earlier point."""
+    series = [float(v) for v in values[-thresholds.window :]]
+    start = max((s.index for s in steps), default=0)
+    level = series[start:-1]
+    if not level:
+        return None
+    jump = PendingJump(statistics.median(level), series[-1])
+    return jump if abs(math.log(jump.ratio)) > math.log1p(thresholds.min_step) else None
