@@ -23,7 +23,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from markupsafe import Markup
 
@@ -36,7 +36,18 @@ from suites.options import MODE_NAMES
 _HASH_DIGITS = 16
 _HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_DIGITS}}}$")
 _SPAN_STEPS = 4  # a panel's y range spans at least this many threshold-sized steps (noise at true size)
-LatestRow = tuple[str, str, str, str, float | None]  # cell, mode, correctness, performance, median
+
+
+class LatestRow(NamedTuple):
+    """A workload's latest result in one cell and mode, with what the regressions page lists for it."""
+
+    cell: str
+    mode: str
+    correctness: str
+    performance: str
+    median: float | None
+    regressions: tuple[str, ...] = ()
+    regressed_suites: frozenset[str] = frozenset()  # suites whose cell is never shown green
 
 
 def slug(name: str) -> str:
@@ -105,7 +116,8 @@ def _histories(
 def _latest(
     reports: Sequence[report.CellReport], medians: dict[int, dict[pairwise.PerfKey, float]]
 ) -> dict[str, list[LatestRow]]:
-    """workload -> (cell, mode, correctness, performance, median) of the latest run of every cell."""
+    """workload -> (cell, mode, correctness, performance, median, regressions) of the latest run of every
+    cell; a result with a regression is never shown green (the regressions page lists the same ones)."""
     latest: dict[str, list[LatestRow]] = defaultdict(list)
     for cell in reports:
         statuses: dict[Suite, dict[pairwise.PerfKey, str]] = {Suite.CORRECTNESS: {}, Suite.PERFORMANCE: {}}
@@ -113,10 +125,31 @@ def _latest(
             if f.key.suite in statuses:
                 statuses[f.key.suite][(f.key.workload, f.key.mode)] = f.actual or "missing"
         run_medians = medians.get(cell.run.pk, {})
+        flagged: dict[pairwise.PerfKey, list[tuple[str, str]]] = defaultdict(list)
+        for r in cell.regressions:  # the same findings the regressions page lists
+            what = (
+                r.key.suite.value
+                if r.key.suite.value == r.kind.value
+                else f"{r.key.suite.value} {r.kind.value}"
+            )
+            flagged[(r.key.workload, r.key.mode)].append(
+                (r.key.suite.value, f"{'NEW' if r.new else 'ongoing'} {what}: {r.summary}")
+            )
         for w, mode in set(statuses[Suite.CORRECTNESS]) | set(statuses[Suite.PERFORMANCE]):
             correctness = statuses[Suite.CORRECTNESS].get((w, mode), "-")
             performance = statuses[Suite.PERFORMANCE].get((w, mode), "-")
-            latest[w].append((cell.run.cell_id, mode, correctness, performance, run_medians.get((w, mode))))
+            flags = flagged.get((w, mode), [])
+            latest[w].append(
+                LatestRow(
+                    cell.run.display_name,
+                    mode,
+                    correctness,
+                    performance,
+                    run_medians.get((w, mode)),
+                    tuple(text for _, text in flags),
+                    frozenset(suite for suite, _ in flags),
+                )
+            )
     for rows in latest.values():
         rows.sort(key=lambda r: (natural_key(r[0]), mode_key(r[1])))
     return latest

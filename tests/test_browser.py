@@ -409,6 +409,7 @@ def test_the_published_site_names_the_seeded_faults_first_and_its_pages_agree(
     assert f"{workload} / {mode} (performance" in header, header
     assert f"{seeded.pi_subject} / {seeded.pi_stage}" in header, header
     assert f"{workload}" in texts["regressions"] and seeded.pi_subject in texts["regressions"]
+    assert "NEW performance" in texts["workload"]  # the workload page flags what the regressions page lists
     index = json.loads((out / "data" / "runs.js").read_text().split("=", 1)[1].strip().rstrip(";"))
     by_uid = {run["uid"]: run for run in index}
     a, b = (by_uid[uid] for uid in selected)

@@ -221,11 +221,30 @@ def test_workload_pages_have_history_charts_with_steps(out: Path, site: Site) ->
     assert "median ms" in text and "run start date" in text
 
 
+def test_the_workload_page_flags_what_the_regressions_page_lists(
+    out: Path, site: Site, demo: tuple[sessionmaker[Session], DemoSeed]
+) -> None:
+    """One list of findings: a result the regressions page flags is flagged (and not green) on its
+    workload page too, and one it does not flag carries no flag."""
+    workload, mode = demo[1].regression
+    listed = {
+        (v.regression.key.workload, v.regression.key.mode, v.run.display_name) for v in site.regressions
+    }
+    view = next(w for w in site.workloads if w.name == workload)
+    for row in view.latest:
+        assert bool(row.regressions) == ((workload, row.mode, row.cell) in listed), row
+    seeded = [row for row in view.latest if row.mode == mode and row.regressions]
+    assert seeded and any(f.startswith("NEW performance: ") for f in seeded[0].regressions)
+    assert seeded[0].regressed_suites == {"performance"}
+    text = (out / "workloads" / f"{view.slug}.html").read_text()
+    assert "NEW performance" in text
+
+
 def test_workload_page_lists_cells_in_version_order(out: Path, site: Site) -> None:
     view = next(w for w in site.workloads if w.name == "pyhpc_eos")
     order = ["torch-2.9", "torch-2.10", "torch-2.11"]
     assert [c.cell_key.split("@")[0] for c in view.charts] == order
-    assert list(dict.fromkeys(row[0] for row in view.latest)) == order
+    assert list(dict.fromkeys(row[0].split(" (")[0] for row in view.latest)) == order
     assert [row[1] for row in view.latest[: len(SPEC.modes)]] == ["eager", "inductor", "pt2cg", "grace"]
     text = (out / "workloads" / f"{view.slug}.html").read_text()
     positions = [text.index(f"pyhpc_eos on {cell}@") for cell in order]
