@@ -112,7 +112,8 @@ def summarize(
     cells: Sequence[str] = (),
     latest_only: bool = True,
 ) -> list[RunSummary]:
-    """Runs matching the filters (all given filters apply), newest first; by default the latest per cell."""
+    """Runs matching the filters (all given filters apply), newest first; by default the latest per cell
+    key (cell id and GPU), as every reader selects them."""
     reap_stale_runs(session)
     stmt = select(Run, Cell).join(Run.cell).order_by(Run.started_at.desc(), Run.id.desc())
     if uids:
@@ -122,12 +123,13 @@ def summarize(
     if cells:
         stmt = stmt.where(Cell.cell_id.in_(cells))
     chosen: list[tuple[Run, Cell]] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str | None]] = set()
     for run, cell in session.execute(stmt):
         if latest_only and not uids:
-            if cell.cell_id in seen:
+            key = (cell.cell_id, cell.gpu_name)  # a cell key: one cell id may run on several GPUs
+            if key in seen:
                 continue
-            seen.add(cell.cell_id)
+            seen.add(key)
         chosen.append((run, cell))
     if not chosen:
         return []
