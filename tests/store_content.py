@@ -20,11 +20,32 @@ import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
+from matrix.fingerprint import Environment
 from matrix.store.db import open_store
 from matrix.store.models import RESULT_TABLES, Cell, Run, Workload
 
 PG_ENV = "GRACE_MATRIX_TEST_PG_URL"
 _IDS = {"id", "run_pk", "cell_pk", "workload_pk"}
+
+
+def environment(cell_id: str, gpu: str | None = "NVIDIA H200", **fields: Any) -> Environment:
+    """A cell's environment for store tests: torch 2.11 / Triton 3.6 / CUDA 13.0 on ``gpu`` (None: no
+    GPU), any field overridden by ``fields``."""
+    values: dict[str, Any] = {
+        "cell_id": cell_id,
+        "kind": "venv",
+        "torch_version": "2.11.0",
+        "triton_version": "3.6.0",
+        "cuda_runtime": "13.0",
+        "driver_version": "580.65",
+        "gpu_name": gpu,
+        "gpu_capability": "9.0" if gpu else None,
+        "python_version": "3.12.8",
+        "platform": "Linux-x86_64-glibc2.36",
+        "extra": {},
+    }
+    values.update(fields)
+    return Environment(**values)
 
 
 def pg_base_url() -> str:

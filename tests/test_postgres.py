@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, inspect, select, text
-from store_content import fresh_database, pg_base_url, store_content
+from store_content import environment, fresh_database, pg_base_url, store_content
 
 from matrix.fingerprint import Environment
 from matrix.store.access import finish_run, get_or_create_cell, get_or_create_workload, start_run
@@ -44,19 +44,7 @@ def pg() -> Iterator[str]:
 
 
 def _environment(cell_id: str = "torch-2.11") -> Environment:
-    return Environment(
-        cell_id=cell_id,
-        kind="venv",
-        torch_version="2.11.0",
-        triton_version="3.6.0",
-        cuda_runtime="13.0",
-        driver_version="580.65",
-        gpu_name="NVIDIA H200",
-        gpu_capability="9.0",
-        python_version="3.12.8",
-        platform="Linux-x86_64-glibc2.36",
-        extra={"numpy": "2.4.6", "nested": {"list": [1, 2.5, None, "ü"]}},
-    )
+    return environment(cell_id, extra={"numpy": "2.4.6", "nested": {"list": [1, 2.5, None, "ü"]}})
 
 
 def _populate(url: str, label: str, n: int = 5, cell_id: str = "torch-2.11") -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
-from store_content import fresh_database, pg_base_url
+from store_content import environment, fresh_database, pg_base_url
 
 from matrix.fingerprint import Environment
 from matrix.store.access import finish_run, get_or_create_cell, get_or_create_workload, start_run
@@ -32,19 +32,7 @@ WRITERS = 8
 
 
 def _environment(cell_id: str) -> Environment:
-    return Environment(
-        cell_id=cell_id,
-        kind="venv",
-        torch_version="2.11.0",
-        triton_version="3.6.0",
-        cuda_runtime="13.0",
-        driver_version="580.65",
-        gpu_name="NVIDIA H200",
-        gpu_capability="9.0",
-        python_version="3.12.8",
-        platform="Linux-x86_64",
-        extra={},
-    )
+    return environment(cell_id, platform="Linux-x86_64")
 
 
 def _export(cell_ids: list[str], rows: int = 20) -> str:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from sqlalchemy import select
+from store_content import environment as store_environment
 
 from matrix.errors import TransferError
 from matrix.fingerprint import Environment
@@ -29,19 +30,7 @@ from matrix.transfer import EXPORT_VERSION, RunFilter, export_jsonl, ingest_json
 
 
 def environment(cell_id: str, gpu: str | None = None) -> Environment:
-    return Environment(
-        cell_id=cell_id,
-        kind="venv",
-        torch_version="2.11.0",
-        triton_version="3.6.0",
-        cuda_runtime="13.0",
-        driver_version="580.65",
-        gpu_name=gpu,
-        gpu_capability="9.0" if gpu else None,
-        python_version="3.11.7",
-        platform="Linux-x86_64-glibc2.36",
-        extra={"numpy": "2.4.6"},
-    )
+    return store_environment(cell_id, gpu, python_version="3.11.7", extra={"numpy": "2.4.6"})
 
 
 def populate(Session, cell_id: str, label: str, n: int = 3, status: RunStatus = RunStatus.COMPLETE) -> str:
