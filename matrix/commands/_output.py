@@ -33,6 +33,12 @@ def print_text(text: str) -> None:
     print(terminal_text(text))
 
 
+def selection_text(args: Any, options: Sequence[str]) -> str:
+    """The selection options given on the command line, as typed (``--cell nosuch --label x``); ""
+    when none was given."""
+    return " ".join(f"--{name} {value}" for name in options for value in getattr(args, name, None) or ())
+
+
 def info(message: str) -> None:
     """A progress or result line for people; on stderr so that ``--json`` output stays parseable."""
     print(terminal_text(message), file=sys.stderr)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.commands._output import selection_text
 from matrix.errors import MatrixError
 from matrix.report import build_report, render_text
 from matrix.store.db import StoreAccess, open_store
@@ -64,9 +65,9 @@ def handle(args: argparse.Namespace) -> int:
     Session = open_selected_store(args)
     with Session() as session:
         report = build_report(session, args.run, args.label, args.cell, args.workload)
-    selection = [f"--{n} {v}" for n in ("run", "label", "cell", "workload") for v in getattr(args, n)]
+    selection = selection_text(args, ("run", "label", "cell", "workload"))
     if not report.rows and selection:
-        raise MatrixError(f"no result in the store matches {' '.join(selection)}")
+        raise MatrixError(f"no result in the store matches {selection}")
     if getattr(args, "json", False):
         json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")

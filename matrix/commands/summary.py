@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from matrix.commands._output import info, print_json, print_table
+from matrix.commands._output import info, print_json, print_table, selection_text
 from matrix.commands.regressions import add_common_options
 from matrix.errors import MatrixError
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file
@@ -41,11 +41,6 @@ def _expectations(args: argparse.Namespace) -> list[Expectation] | None:
     return load_expected_file(path) if args.expected or path.exists() else None
 
 
-def _selection_text(args: argparse.Namespace) -> str:
-    parts = [f"--{name} {value}" for name in ("run", "label", "cell") for value in getattr(args, name)]
-    return " ".join(parts)
-
-
 def handle(args: argparse.Namespace) -> int:
     thresholds = load_thresholds(args.thresholds)
     expectations = _expectations(args)
@@ -53,8 +48,9 @@ def handle(args: argparse.Namespace) -> int:
     with Session.begin() as session:
         summaries = summarize(session, args.run, args.label, args.cell, latest_only=not args.all)
         summaries, broken = judge(session, summaries, thresholds, expectations, [*args.label, *args.run])
-    if not summaries and (args.run or args.label or args.cell):
-        raise MatrixError(f"no run in the store matches {_selection_text(args)}")
+    selection = selection_text(args, ("run", "label", "cell"))
+    if not summaries and selection:
+        raise MatrixError(f"no run in the store matches {selection}")
     if args.json:
         print_json([s.to_dict() for s in summaries])
     elif not summaries:
