@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from grace import stats as grace_stats
+from grace.adapting import InputAdapting
 from grace.analysis import InputAnalysis, analyze_inputs, graph_effects
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
@@ -135,7 +136,7 @@ class _Stage:
 
     gm: torch.fx.GraphModule
     example_inputs: list[Any]
-    adapter: Callable[[list[Any]], list[Any]] | None = None
+    adapter: InputAdapting | None = None
     diagnoses: list[Any] = field(default_factory=list)
     note: SkipReason | None = None
     transformed: bool = False
@@ -314,23 +315,30 @@ class SafePath:
     def __init__(
         self,
         compiled: CountedCallable,
-        adapter: Callable[[list[Any]], list[Any]] | None,
+        adapter: InputAdapting | None,
         eager: Callable[..., Any],
     ) -> None:
         self.compiled = compiled
         self.adapter = adapter
         self.eager = eager
+        self.lock = threading.Lock()  # grace.adapting: one call at a time through an adapter
 
     def __call__(self, args: Sequence[Any]) -> Any:
-        if self.adapter is None:
+        adapter = self.adapter
+        if adapter is None:
             return self.compiled(*args)
-        try:
-            adapted = self.adapter(list(args))
-        except Exception as exc:
-            reason = SkipReason(SkipCode.RUNNER_FAILED, f"CGCT's adapter raised {type(exc).__name__}: {exc}")
-            log_once(reason, "safe path: the graph as Dynamo traced it, run eagerly", logging.WARNING)
-            return self.eager(*args)
-        return self.compiled(*adapted)
+        with self.lock:
+            try:
+                adapted = adapter(list(args))
+            except Exception as exc:
+                reason = SkipReason(
+                    SkipCode.RUNNER_FAILED, f"CGCT's adapter raised {type(exc).__name__}: {exc}"
+                )
+                log_once(reason, "safe path: the graph as Dynamo traced it, run eagerly", logging.WARNING)
+                return self.eager(*args)
+            out = self.compiled(*adapted)
+            adapter.returned(out)
+            return out
 
 
 class GuardedRunner:

@@ -70,6 +70,7 @@ import torch
 
 from grace import pools
 from grace import stats as grace_stats
+from grace.adapting import InputAdapting
 from grace.capture import HELD, CaptureContext, CapturedGraph, calling_threads, run_on_side_stream
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
@@ -95,7 +96,7 @@ class RunnerPlan:
     mutated_indices: tuple[int, ...] = ()
     skip: SkipReason | None = None
     output_codes: tuple[Any, ...] = ()
-    input_adapter: Callable[[list[Any]], list[Any]] | None = None
+    input_adapter: InputAdapting | None = None
     pi_prepare: PIPrepare | None = None
     pi_unavailable: SkipReason | None = None
     random_ops: tuple[str, ...] = ()  # operators that draw random numbers (grace.rebind declines them)
@@ -534,8 +535,14 @@ class GraceRunner:
             return self._call(args)
 
     def _call(self, args: tuple[Any, ...]) -> Any:
-        if self._adapter is not None:
-            args = tuple(self._adapter(list(args)))
+        adapter = self._adapter
+        if adapter is None:
+            return self._call_adapted(args)
+        out = self._call_adapted(tuple(adapter(list(args))))
+        adapter.returned(out)  # grace.adapting: no output may live in memory the adapter reuses
+        return out
+
+    def _call_adapted(self, args: tuple[Any, ...]) -> Any:
         record = self._skip_record
         if record is not None:
             record.calls += 1

@@ -124,9 +124,15 @@ class _FakeResult:
 def test_cgct_seam_transform_and_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"transform": 0, "adapter": 0}
 
-    def adapter(args: list[Any]) -> list[Any]:
-        calls["adapter"] += 1
-        return args
+    class Adapter:  # grace.adapting.InputAdapting
+        def __call__(self, args: list[Any]) -> list[Any]:
+            calls["adapter"] += 1
+            return args
+
+        def returned(self, outputs: Any) -> None:
+            pass
+
+    adapter = Adapter()
 
     def transform(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> _FakeResult:
         calls["transform"] += 1
