@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from matrix.commands import COMMAND_MODULES, results_doc
-from matrix.commands import report as report_command
 from matrix.report import build_report, render_markdown, render_text, speedup
 from matrix.store.db import open_store
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
+from matrix_cli.commands import COMMAND_MODULES, results_doc
+from matrix_cli.commands import report as report_command
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 
@@ -225,7 +225,7 @@ def test_register_adds_parsers() -> None:
 
 def test_report_over_export_files(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matrix.transfer", reason="needs the export format of grace-matrix export")
-    from matrix.cli import main
+    from matrix_cli.main import main
 
     with store.Session.begin() as session:
         run = store.run(session, store.cell(session), 0)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from matrix.cli import main
 from matrix.regressions.expected import load_expected_file
 from matrix.regressions.observations import ResultKey, Suite
 from matrix.regressions.status import expectation_for
+from matrix_cli.main import main
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ for spec in "${STEPS[@]}"; do
         ${GRACE_FUZZ_LABEL:+"--grace-matrix-label=$GRACE_FUZZ_LABEL"} \
         -p record_jsonl --record-jsonl "$OUT/fuzz/records.jsonl" --junitxml "$OUT/fuzz/junit.xml"
       log "fuzz pytest exited $?"
-      python -m matrix.cli export --db "$FUZZ_DB" -o "$OUT/fuzz-export.jsonl"
+      python -m matrix_cli export --db "$FUZZ_DB" -o "$OUT/fuzz-export.jsonl"
       python - "$OUT/fuzz/records.jsonl" > "$OUT/fuzz/counts.json" <<'PYEOF'
 import json, os, sys
 records = [json.loads(line)["record"] for line in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []

@@ -7,14 +7,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from matrix.commands._output import info, print_json, print_table, selection_text
-from matrix.commands.regressions import add_common_options
 from matrix.errors import MatrixError
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file
 from matrix.regressions.status import Expectation
 from matrix.regressions.thresholds import load_thresholds
 from matrix.store.db import StoreAccess, open_store
 from matrix.summary import COLUMNS, judge, summarize
+from matrix_cli.commands._output import info, print_json, print_table, selection_text
+from matrix_cli.commands.regressions import add_common_options
 
 
 def register(subparsers: Any) -> None:

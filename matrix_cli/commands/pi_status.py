@@ -135,7 +135,7 @@ def summarize(rows: list[StageRow]) -> list[dict[str, Any]]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from matrix.commands._output import info, print_json, print_table
+    from matrix_cli.commands._output import info, print_json, print_table
 
     Session = open_store(args.db, StoreAccess.EXISTING)
     with Session.begin() as session:

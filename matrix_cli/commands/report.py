@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.commands._output import selection_text
 from matrix.errors import MatrixError
 from matrix.report import build_report, render_text
 from matrix.store.db import StoreAccess, open_store
 from matrix.text import terminal_text
+from matrix_cli.commands._output import selection_text
 
 
 def add_selection(parser: argparse.ArgumentParser) -> None:

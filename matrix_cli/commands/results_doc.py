@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from matrix.commands.report import add_selection, open_selected_store
 from matrix.outfiles import replace_file
 from matrix.report import build_report, render_markdown
+from matrix_cli.commands.report import add_selection, open_selected_store
 
 DEFAULT_OUTPUT = "docs/RESULTS.md"
 
