@@ -8,7 +8,10 @@ allocator pools, caches, host-side bookkeeping). One sample is one call: the str
 first (the GPU is idle), an event is recorded before the call and one after, and the elapsed time
 between them includes the CPU's launch overhead, which is what CUDA graphs remove; the host time until
 the call returned is kept beside it on request. Raw samples are returned; summaries are the report's
-job.
+job. Back to back (``time_back_to_back``): each sample is ``calls_per_sample`` calls launched one after
+the other between one event pair, in the same interleaved rounds, so it shows the throughput a
+host-bound caller gets (the host's cost per call, once the GPU keeps up), where a synchronised call
+shows the latency of one call.
 
 Invariant: a mode whose call raises stops being timed; its error is returned, the others go on.
 """
@@ -70,3 +73,33 @@ def mean_back_to_back_ms(fn: Callable[[], Any], iters: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return float(start.elapsed_time(end)) / iters
+
+
+def time_back_to_back(
+    calls: dict[str, Callable[[], Any]], rounds: int, calls_per_sample: int
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Per name, ``rounds`` samples of the mean milliseconds per call of ``calls_per_sample`` calls
+    launched back to back (interleaved like ``time_interleaved``); plus errors by name."""
+    import torch
+
+    results: dict[str, list[float]] = {name: [] for name in calls}
+    errors: dict[str, str] = {}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for order in interleaved_order(list(calls), rounds):
+        for name in order:
+            if name in errors:
+                continue
+            fn = calls[name]
+            torch.cuda.synchronize()
+            try:
+                start.record()
+                for _ in range(calls_per_sample):
+                    fn()
+                end.record()
+                end.synchronize()
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                logger.warning("back-to-back timing of %s failed: %s", name, errors[name])
+                continue
+            results[name].append(float(start.elapsed_time(end)) / calls_per_sample)
+    return results, errors
