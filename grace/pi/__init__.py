@@ -15,7 +15,7 @@ from typing import Any
 
 def prepare(ctx: Any) -> Any:
     """Prepare parameter indirection for the graph of ``ctx`` (a ``grace.capture.CaptureContext``)."""
-    from grace.pi.plan import prepare as _prepare
+    from grace.pi.stages import prepare as _prepare
 
     return _prepare(ctx)
 
