@@ -537,9 +537,7 @@ def _adopt_pi(slot: GraphSlot, pi_graph: CapturedGraph, result: Any, borrow: boo
     if borrow and uncovered:
         # Such an input is read at its capture address: the caller's tensor, which must never be
         # copied into. Capture again with placeholders.
-        why = "; ".join(
-            f"input {i}: {r}" for i, r in sorted(result.uncovered_reasons.items())
-        )
+        why = "; ".join(f"input {i}: {r}" for i, r in sorted(result.uncovered_reasons.items()))
         record.add_skip(
             SkipReason(SkipCode.PI_DIRECT_DECLINED, f"inputs {list(uncovered)} keep a copy ({why})")
         )

@@ -324,37 +324,6 @@ def graph_code_hash(gm: torch.fx.GraphModule) -> str:
     return hashlib.sha256(code.encode()).hexdigest()[:24]
 
 
-def backend_restart_exception() -> type[BaseException] | None:
-    """The ``RestartAnalysis`` subclass that Dynamo lets out of a backend call, or None.
-
-    Dynamo wraps a plain ``RestartAnalysis`` raised by a backend into ``BackendCompilerFailed``; releases
-    that pass ``TensorifyScalarRestartAnalysis`` through (2.13 does) restart the frame's analysis with it.
-    """
-    try:
-        import torch._dynamo.exc as dynamo_exc
-        import torch._dynamo.output_graph as output_graph
-    except Exception:
-        return None
-    cls = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", None)
-    if cls is None or getattr(output_graph, "TensorifyScalarRestartAnalysis", None) is not cls:
-        return None
-    return cls  # type: ignore[no-any-return]
-
-
-def as_backend_restart(exc: BaseException) -> BaseException:
-    """``exc`` (a ``RestartAnalysis``) in the form Dynamo restarts on when a backend raises it."""
-    cls = backend_restart_exception()
-    if cls is None or isinstance(exc, cls):
-        return exc
-    reason = getattr(exc, "restart_reason", None)
-    try:
-        converted = cls(*exc.args, restart_reason=reason)  # type: ignore[call-arg]
-    except TypeError:
-        converted = cls(*exc.args)
-    converted.__cause__ = exc
-    return converted
-
-
 def register_backend(name: str, fn: Callable[..., Any]) -> bool:
     """Register ``fn`` as ``torch.compile(backend=name)``; False when another backend has the name."""
     from torch._dynamo.backends import registry

@@ -239,7 +239,7 @@ def _add_node(
     except Exception as exc:
         raise FillUnavailable(StageStatus.FAIL, f"adding the fill node: {type(exc).__name__}: {exc}") from exc
     try:
-        driver.add_dependencies(graph, node, roots)
+        cuda_compat.graph_add_dependencies(graph, node, roots)
         node_params = cuda_compat.kernel_node_params_reading(node, params.address)
     except Exception as exc:
         why = f"ordering the fill node before the graph's roots: {type(exc).__name__}: {exc}"

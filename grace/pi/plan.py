@@ -289,7 +289,7 @@ def graph_nodes_for_scan(graph: int) -> tuple[list[Any], list[scan_mod.CopyNode]
     for node in cuda_compat.graph_nodes(graph):
         if node in kernel_ids:
             continue
-        kind = driver.node_type(node)
+        kind = cuda_compat.node_type(node)
         if kind in ("memcpy", "memset"):
             copies.append(scan_mod.CopyNode(node, driver.copy_node_ranges(node, kind)))
         else:

@@ -71,7 +71,7 @@ def _divisible_args(triton_meta: Mapping[str, Any], arg_names: Sequence[str]) ->
 
 
 def describe(located: Any, autotuner_meta: Mapping[str, Any] | None = None) -> TritonKernel:
-    """Build the ``TritonKernel`` of a ``grace.compat.triton.LocatedKernel``."""
+    """Build the ``TritonKernel`` of a ``grace.compat.inductor_kernels.LocatedKernel``."""
     from grace.compat import triton as triton_compat
 
     base = {
@@ -181,8 +181,8 @@ def build(
 
 def located_kernels(output_codes: Sequence[Any]) -> dict[int, TritonKernel]:
     """Every Triton kernel of the Inductor modules behind ``output_codes``, by ``CUfunction``."""
+    from grace.compat import inductor_kernels
     from grace.compat import torch as torch_compat
-    from grace.compat import triton as triton_compat
 
     found: dict[int, TritonKernel] = {}
     for code in output_codes:
@@ -194,7 +194,7 @@ def located_kernels(output_codes: Sequence[Any]) -> dict[int, TritonKernel]:
             for name, value in module_globals.items()
             if type(value).__name__ == "CachingAutotuner"
         }
-        for located in triton_compat.locate_inductor_kernels(module_globals):
+        for located in inductor_kernels.locate_inductor_kernels(module_globals):
             if located.function:
                 found[located.function] = describe(located, metas.get(located.autotuner))
     return found

@@ -132,6 +132,7 @@ def install(
     ``device`` carries its index (the prelude is loaded once per device)."""
     import torch
 
+    from grace.compat import cuda as cuda_compat
     from grace.pi import driver
 
     if not patches:
@@ -162,7 +163,7 @@ def install(
     )
     try:
         prelude = driver.add_kernel_node(graph, function, (1, 1, 1), (1, 1, 1), params)
-        driver.add_dependencies(graph, prelude, sorted(handles))
+        cuda_compat.graph_add_dependencies(graph, prelude, sorted(handles))
     except Exception as exc:
         raise VendorError(
             PIStage.VENDOR_UPDATE, f"adding the prelude node: {type(exc).__name__}: {exc}"
