@@ -351,9 +351,9 @@ _DEVICE_UPDATABLE = "DEVICE_UPDATABLE_KERNEL_NODE"
 def device_updatable_attribute() -> tuple[Any, Any]:
     """The device-updatable attribute id and the node attribute value type, across bindings releases.
 
-    ``cuGraphKernelNodeSetAttribute`` type-checks its value (``CUkernelNodeAttrValue``; verified on an
-    H200 with cuda-bindings 13.3.1, where that is not the launch attribute value class) but takes the id
-    by value, so the id may come from ``CUkernelNodeAttrID`` or ``CUlaunchAttributeID``. Raises
+    ``cuGraphKernelNodeSetAttribute`` type-checks its value (``CUkernelNodeAttrValue``, which is not the
+    launch attribute value class in every release: docs/design/pi.md) but takes the id by value, so the
+    id may come from ``CUkernelNodeAttrID`` or ``CUlaunchAttributeID``. Raises
     ``RuntimeError`` where the bindings have neither (CUDA < 12.4).
     """
     drv = require_driver()

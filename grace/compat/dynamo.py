@@ -404,11 +404,11 @@ def copy_node_attributes(old: torch.fx.Node, new: torch.fx.Node) -> None:
 # ---------------------------------------------------------------------------------------------------
 # Note [Asking Dynamo to retrace]
 # Dynamo calls the backend inside OutputGraph.call_user_compiler and turns any exception into
-# BackendCompilerFailed, except an allow-list. Plain RestartAnalysis is not on it (verified on 2.13:
-# a backend raising it fails the compile). TensorifyScalarRestartAnalysis, a RestartAnalysis subclass,
-# is re-raised unwrapped by the releases that have the tensorify pass, and convert_frame's restart loop
-# then traces the frame again (also verified on 2.13). On releases where no subclass passes through
-# (2.4, 2.5), CGCT does not ask for a retrace: it mirrors the attribute on the GPU instead
+# BackendCompilerFailed, except an allow-list. Plain RestartAnalysis is not on it: a backend raising it
+# fails the compile. TensorifyScalarRestartAnalysis, a RestartAnalysis subclass, is re-raised unwrapped
+# by the releases that have the tensorify pass, and convert_frame's restart loop then traces the frame
+# again (both verified: docs/design/cgct.md). On releases where no subclass passes through (2.4, 2.5),
+# CGCT does not ask for a retrace: it mirrors the attribute on the GPU instead
 # (grace/cgct/transforms/attributes.py).
 
 

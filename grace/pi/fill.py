@@ -2,8 +2,8 @@
 
 Problem: the copy path (grace.pi.table) writes the table before each replay with its own host-to-device
 copy: a torch ``copy_`` dispatch and an event record on the host, and on the GPU a small copy on the
-copy engine that the graph launch waits for (measured on an H200, 64 inputs of 1M floats: about 21 us of
-idle GPU per call between that copy and the graph's first kernel).
+copy engine that the graph launch waits for, idling the GPU before the graph's first kernel (the
+measurements are in docs/design/pi.md).
 
 Design: a tiny kernel, ``grace_pi_fill(table, values)``, takes the slot values by value (a struct of
 ``bucket`` 64-bit values, one kernel parameter) and writes them into the table, one thread per slot.
