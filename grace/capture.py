@@ -122,7 +122,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -130,6 +130,7 @@ from grace import pools
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import GraphSummary, graph_summary
+from grace.pi_contract import PIPlan
 from grace.reasons import SkipCode, SkipReason
 
 logger = logging.getLogger(__name__)
@@ -204,22 +205,6 @@ class CaptureContext:
     example_inputs: tuple[Any, ...] = ()
     pi_table_update: str = "node"
     placeholder_spans: Mapping[int, StorageSpan] | None = None
-
-
-@runtime_checkable
-class PIPlan(Protocol):
-    """A prepared parameter indirection for one graph (see Note: [PI seam])."""
-
-    @property
-    def uncovered_indices(self) -> tuple[int, ...]: ...
-
-    @property
-    def bytes_per_replay(self) -> int: ...
-
-    @property
-    def stages(self) -> list[tuple[str, str, str]]: ...
-
-    def update(self, inputs: Sequence[Any]) -> bool: ...
 
 
 GraphHook = Callable[[int, Mapping[int, torch.Tensor]], None]
@@ -519,10 +504,7 @@ class CapturedGraph:
         self.order_streams()  # before the table update: a replay in flight elsewhere may still read it
         copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         if copied and self.borrowed:
-            rebase = getattr(plan, "rebase_placeholders", None)
-            if not callable(rebase):
-                raise RuntimeError("a graph captured on the caller's inputs needs a plan that can rebase")
-            rebase(self.own_placeholders())
+            plan.rebase_placeholders(self.own_placeholders())
             copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         self.copy_in(args, copied)
         self.replay()
@@ -540,10 +522,9 @@ class CapturedGraph:
         Graphs rebound from this one (grace.rebind) replay in its pool: the pool is released with the
         last graph of the family, whichever is released last, and then only once no output of it is held
         (grace.pools). Releasing a graph a second time does nothing."""
-        release = getattr(self.pi_plan, "release", None)
-        if callable(release):
+        if self.pi_plan is not None:
             try:
-                release()
+                self.pi_plan.release()
             except Exception:  # releasing must not raise out of reset or GC
                 logger.debug("grace: PI plan release failed", exc_info=True)
         self.pi_plan = None

@@ -533,13 +533,11 @@ def _adopt_pi(slot: GraphSlot, pi_graph: CapturedGraph, result: Any, borrow: boo
         log_once(reason, f"graph {record.graph_id} (PI)")
         pi_graph.release()
         return False
-    uncovered = tuple(getattr(result, "uncovered_indices", ()))
+    uncovered = tuple(result.uncovered_indices)
     if borrow and uncovered:
         # Such an input is read at its capture address: the caller's tensor, which must never be
         # copied into. Capture again with placeholders.
-        why = "; ".join(
-            f"input {i}: {r}" for i, r in sorted(getattr(result, "uncovered_reasons", {}).items())
-        )
+        why = "; ".join(f"input {i}: {r}" for i, r in sorted(result.uncovered_reasons.items()))
         record.add_skip(
             SkipReason(SkipCode.PI_DIRECT_DECLINED, f"inputs {list(uncovered)} keep a copy ({why})")
         )
@@ -547,11 +545,10 @@ def _adopt_pi(slot: GraphSlot, pi_graph: CapturedGraph, result: Any, borrow: boo
         pi_graph.release()  # with its plan (the table, a fill node's module)
         return False
     pi_graph.pi_plan = result
-    prepare_launch = getattr(result, "prepare_launch", None)
-    if callable(prepare_launch):
+    if result.launch_preparation_needed:
         try:
             stream = torch.cuda.current_stream(device)
-            prepare_launch(torch_compat.graph_exec_handle(pi_graph.graph), int(stream.cuda_stream))
+            result.prepare_launch(torch_compat.graph_exec_handle(pi_graph.graph), int(stream.cuda_stream))
             stream.synchronize()
         except Exception as exc:
             record.add_skip(
@@ -559,8 +556,8 @@ def _adopt_pi(slot: GraphSlot, pi_graph: CapturedGraph, result: Any, borrow: boo
             )
             pi_graph.release()
             return False
-    record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
-    record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
+    record.pi_bytes_per_replay = int(result.bytes_per_replay)
+    record.pi_stages = [tuple(s) for s in result.stages]  # type: ignore[misc]
     return True
 
 

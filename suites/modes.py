@@ -137,9 +137,9 @@ def unavailable_reason(mode: Mode, device_type: str) -> str | None:
     if spec.cpu_only and device_type == "cuda":
         return f"a CUDA device is used: {mode.value} checks grace's no-CUDA path (grace covers this device)"
     if mode is Mode.PT2CG_NOPARTITION:
-        import torch._inductor.config as inductor_config
+        from grace.compat import dynamo as dynamo_compat
 
-        if not hasattr(inductor_config, "graph_partition"):
+        if not dynamo_compat.graph_partition_supported():
             return "torch has no inductor graph_partition config: pt2cg-nopartition is pt2cg on this version"
     if mode in GRACE_MODES:
         return grace_reason(spec)

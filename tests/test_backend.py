@@ -188,7 +188,7 @@ def test_explain_compiles_its_own_graphs_beside_an_equal_compile() -> None:
 
 
 def test_missing_seams_give_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grace.backend import load_seam
+    from grace.seams import load_seam
 
     monkeypatch.setitem(sys.modules, "grace.pi", None)  # import fails
     module, reason = load_seam("pi", "prepare")

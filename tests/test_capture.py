@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
+from grace.pi_contract import PlanDefaults
 
 
 def test_fresh_placeholders_have_the_inputs_layout_at_other_addresses() -> None:
@@ -83,7 +84,7 @@ class _FakeReplay:
         self.replays += 1
 
 
-class _CopyingPlan:
+class _CopyingPlan(PlanDefaults):
     """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies input 1 (an alignment
     fallback): ``update`` says so through ``uncovered_indices``."""
 

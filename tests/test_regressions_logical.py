@@ -35,6 +35,7 @@ from matrix.store.models import (
 from matrix.store.models import (
     TestOutcome as OutcomeRow,
 )
+from suites.records import PIStage
 
 TH = Thresholds()
 SPEC = SyntheticSpec(nights=8)
@@ -166,7 +167,7 @@ def test_a_label_split_over_three_runs_is_judged_as_one_run(
     verdicts = {f.key: f.verdict for f in cell.findings}
     assert Verdict.MISSING not in verdicts.values()
     # every result of the night is judged once, whichever run recorded it
-    per_run = 2 * len(SPEC.workloads) * len(SPEC.modes) + len(SPEC.pi_subjects) * 8
+    per_run = 2 * len(SPEC.workloads) * len(SPEC.modes) + len(SPEC.pi_subjects) * len(PIStage)
     assert len(cell.findings) == per_run
     # the re-run's newer status wins, in both directions
     assert verdicts[ResultKey(Suite.CORRECTNESS, RERUN, "grace")] is Verdict.FAIL
