@@ -38,7 +38,7 @@ from dashboards.site import HEADLINES, PI_STAGES, SUITES, RunDigest, Site, slug
 from matrix.compatibility import PART_HELP
 from matrix.errors import ConfigError
 from matrix.outfiles import public_mode
-from matrix.regressions.observations import RunInfo
+from matrix.readmodel import RunInfo
 from matrix.text import xml_text
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,98 @@
+"""A broken cell says since when it is broken: the first run of its cell key's streak of broken runs
+(``report.CellReport.failing_since``, Note: [Failing since]), shown on the index and by
+``summary --check``.
+
+The store: torch-2.9's mt5_small fails from night 10 of 12 on (ok ... ok, broken, broken), torch-2.10's
+PI subject from the last night only, torch-2.11 never."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from dashboards.render import write_site
+from dashboards.site import build_site
+from matrix.readmodel import RunInfo, load_runs
+from matrix.regressions import report
+from matrix.regressions.broken import broken_cells
+from matrix.regressions.synthetic import SeededFailure, SyntheticSpec, seed_history
+from matrix.regressions.thresholds import Thresholds
+from matrix.store.db import open_store
+
+TH = Thresholds()
+SPEC = SyntheticSpec(
+    nights=12,
+    failures=(
+        SeededFailure("torch-2.9", "correctness", "mt5_small", "grace", "fail_accuracy", "max_abs 0.3", 10),
+        SeededFailure("torch-2.10", "pi", "triton_poi_fused_add_0", "assemble", "fail", "ptxas died", 11),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def store() -> sessionmaker[Session]:
+    factory = open_store("sqlite://")
+    with factory.begin() as session:
+        seed_history(session, SPEC)
+    return factory
+
+
+def _night(runs: list[RunInfo], cell_id: str, night: int) -> RunInfo:
+    day = SPEC.start + dt.timedelta(days=night)
+    (run,) = [r for r in runs if r.cell_id == cell_id and r.started_at.date() == day.date()]
+    return run
+
+
+def test_the_streak_starts_at_the_first_broken_run(store: sessionmaker[Session]) -> None:
+    with store() as session:
+        runs = load_runs(session)
+        cells = {c.run.cell_id: c for c in report.detect(session, TH).cells}
+    first_broken = _night(runs, "torch-2.9", 10)
+    assert cells["torch-2.9"].failing_since is not None
+    assert cells["torch-2.9"].failing_since.uid == first_broken.uid  # not night 11, not night 9 (ok)
+    tonight = cells["torch-2.10"].run
+    assert (
+        cells["torch-2.10"].failing_since is not None and cells["torch-2.10"].failing_since.uid == tonight.uid
+    )
+    assert cells["torch-2.11"].failing_since is None and not cells["torch-2.11"].broken
+
+
+def test_broken_cells_say_since_when(store: sessionmaker[Session]) -> None:
+    with store() as session:
+        runs = load_runs(session)
+        broken = {b.cell_id: b for b in broken_cells(report.detect(session, TH), TH.status.fail_on)}
+    since = _night(runs, "torch-2.9", 10)
+    assert broken["torch-2.9"].since_text == (
+        f"failing since {since.started_at:%Y-%m-%d %H:%M} UTC ({since.short_sha})"
+    )
+    assert since.short_sha and len(since.short_sha) == 9
+
+
+def test_index_shows_failing_since_with_a_link_to_the_change(
+    store: sessionmaker[Session], tmp_path: Path
+) -> None:
+    with store() as session:
+        runs = load_runs(session)
+        site = build_site(session, TH)
+    write_site(site, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    since, before = _night(runs, "torch-2.9", 10), _night(runs, "torch-2.9", 9)
+    (row,) = [g for g in site.grid if g.run.cell_id == "torch-2.9"]
+    assert row.failing_since is not None and row.failing_since.uid == since.uid
+    assert row.before_failing is not None and row.before_failing.uid == before.uid
+    (html,) = [
+        m.group(0) for m in re.finditer(r'<tr id="[^"]+">.*?</tr>', index, re.S) if "torch-2.9 " in m.group(0)
+    ]
+    link = f"compare.html?a={before.uid}&amp;b={since.uid}"
+    assert f'failing since <a href="{link}"' in html
+    assert f"{since.started_at:%Y-%m-%d %H:%M} UTC</a> (<code>{since.short_sha}</code>)" in html
+    (fine,) = [
+        m.group(0)
+        for m in re.finditer(r'<tr id="[^"]+">.*?</tr>', index, re.S)
+        if "torch-2.11 " in m.group(0)
+    ]
+    assert "failing since" not in fine
