@@ -53,6 +53,11 @@ def cell_key(cell_id: str, gpu_name: str | None) -> CellKey:
     return CellKey(f"{cell_id}@{gpu_name or 'no-gpu'}")
 
 
+def cell_anchor(key: CellKey) -> str:
+    """The id of the cell key's row on the dashboard's index (``site/index.html#<anchor>``)."""
+    return "cell-" + slug(key)
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """One run (or logical run) and the environment of its cell, as every reader needs them.
@@ -109,8 +114,7 @@ class RunInfo:
 
     @property
     def anchor(self) -> str:
-        """The id of the cell key's row on the dashboard's index (``site/index.html#<anchor>``)."""
-        return "cell-" + slug(self.cell_key)
+        return cell_anchor(self.cell_key)
 
     @property
     def short_sha(self) -> str:

@@ -9,7 +9,8 @@ with grouped queries (no row is loaded), and returns frozen ``RunSummary`` value
 as a table or JSON. ``judge`` adds each run's verdict from regression detection
 (``matrix.regressions.report.detect``, the same judgement as ``regressions`` and the dashboards: a test
 that failed without a result, or a crashed run, is a FAIL) and lists the broken cells
-(``matrix.regressions.broken``), so ``summary --check`` can fail a ``nox -s matrix``.
+(``matrix.regressions.broken``), so ``summary --check`` can fail a ``nox -s matrix``; ``verdict_block``
+is the few lines that close it: the verdict, each broken cell's "failing since" and where to look.
 
 Invariant: read-only, except that stale runs of this host are first marked crashed
 (``reap_stale_runs``), so a killed run never shows as still running.
@@ -41,6 +42,7 @@ from matrix.store.models import (
     TestOutcome,
 )
 
+SHOWN_CELLS = 5  # broken cells named in the closing verdict block; the lines above list every one
 OUTCOMES = ("passed", "failed", "skipped", "error", "crashed")
 COLUMNS = (
     "cell",
@@ -197,3 +199,24 @@ def judge(
         verdict = None if owner is None else (f"FAIL {failing[owner].failing}" if owner in failing else "ok")
         out.append(dataclasses.replace(summary, verdict=verdict))
     return out, broken
+
+
+def verdict_block(
+    summaries: Sequence[RunSummary], broken: Sequence[BrokenCell], index: str, rendered: bool = True
+) -> list[str]:
+    """The few closing lines of ``summary --check`` (the end of ``nox -s matrix``): the overall verdict,
+    each broken cell with since when it fails and its row on the dashboard (``index``: the index page;
+    ``rendered``: whether it exists), and the command that lists every failure."""
+    judged = len({(s.cell_id, s.gpu) for s in summaries if s.verdict is not None})
+    missing = [] if rendered else [f"({index} is not rendered yet: grace-matrix dashboard renders it)"]
+    if not broken:
+        return [f"verdict: ok ({judged} cell(s) judged, none broken); the dashboard: {index}", *missing]
+    lines = [f"verdict: {len(broken)} broken cell(s) of {judged}"]
+    for cell in broken[:SHOWN_CELLS]:
+        gpu = cell.gpu_name or "no GPU"
+        lines.append(f"  {cell.cell_id} ({gpu}): {cell.since_text or 'failing'}; row: {index}#{cell.anchor}")
+    if len(broken) > SHOWN_CELLS:
+        lines.append(f"  ... and {len(broken) - SHOWN_CELLS} more (the BROKEN lines above)")
+    commands = list(dict.fromkeys(cell.where for cell in broken))
+    lines.append(f"every failure, its evidence and repro command: {'; '.join(commands[:2])}")
+    return [*lines, *missing]

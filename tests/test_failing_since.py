@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dashboards.render import write_site
 from dashboards.site import build_site
+from matrix.cli import main
 from matrix.readmodel import RunInfo, load_runs
 from matrix.regressions import report
 from matrix.regressions.broken import broken_cells
@@ -84,6 +85,7 @@ def test_index_shows_failing_since_with_a_link_to_the_change(
     (row,) = [g for g in site.grid if g.run.cell_id == "torch-2.9"]
     assert row.failing_since is not None and row.failing_since.uid == since.uid
     assert row.before_failing is not None and row.before_failing.uid == before.uid
+    assert f'<tr id="{since.anchor}">' in index  # the row summary --check points at
     (html,) = [
         m.group(0) for m in re.finditer(r'<tr id="[^"]+">.*?</tr>', index, re.S) if "torch-2.9 " in m.group(0)
     ]
@@ -96,3 +98,49 @@ def test_index_shows_failing_since_with_a_link_to_the_change(
         if "torch-2.11 " in m.group(0)
     ]
     assert "failing since" not in fine
+
+
+def _seeded_file(tmp_path: Path, spec: SyntheticSpec) -> str:
+    db = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    factory = open_store(db)
+    with factory.begin() as session:
+        seed_history(session, spec)
+    return db
+
+
+def test_summary_check_closes_with_the_verdict_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no expected.toml, no site/ here
+    db = _seeded_file(tmp_path, SPEC)
+    factory = open_store(db)
+    with factory() as session:
+        since = _night(load_runs(session), "torch-2.9", 10)
+    assert main(["summary", "--db", db, "--check"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    start = next(i for i, line in enumerate(err) if "verdict:" in line)
+    block = err[start:]
+    assert block[0] == "grace-matrix: verdict: 2 broken cell(s) of 3"
+    assert 3 <= len(block) <= 10 and all(line.startswith("grace-matrix: ") for line in block)
+    (line,) = [b for b in block if "torch-2.9 " in b]
+    assert f"failing since {since.started_at:%Y-%m-%d %H:%M} UTC ({since.short_sha})" in line
+    assert line.endswith(f"; row: site/index.html#{since.anchor}")
+    assert any("torch-2.10 " in b for b in block) and not any("torch-2.11 " in b for b in block)
+    assert block[-2].endswith("grace-matrix regressions --run synthetic-nightly-2026-01-12")
+    assert (
+        block[-1] == "grace-matrix: (site/index.html is not rendered yet: grace-matrix dashboard renders it)"
+    )
+
+
+def test_summary_check_says_ok_and_where_the_dashboard_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    db = _seeded_file(tmp_path, SyntheticSpec(nights=3))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<html></html>", encoding="utf-8")
+    assert main(["summary", "--db", db, "--check"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err[-1] == "grace-matrix: verdict: ok (3 cell(s) judged, none broken); the dashboard: site/index.html"
+    )

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from matrix.readmodel import RunInfo
+from matrix.readmodel import RunInfo, cell_anchor, cell_key
 from matrix.regressions import status
 from matrix.regressions.report import RegressionReport
 from matrix.store.models import RunStatus
@@ -44,6 +44,11 @@ class BrokenCell:
     new: int  # failing findings not failing in the baseline
     first: str  # the first failing result and what it said
     since: RunInfo | None = None  # the first run of the cell key's streak of broken runs
+
+    @property
+    def anchor(self) -> str:
+        """The cell's row on the dashboard's index."""
+        return cell_anchor(cell_key(self.cell_id, self.gpu_name))
 
     @property
     def since_text(self) -> str:
