@@ -41,6 +41,7 @@ from matrix.store.models import (
     RunStatus,
     TestOutcome,
 )
+from matrix.text import one_line
 
 SHOWN_CELLS = 5  # broken cells named in the closing verdict block; the lines above list every one
 OUTCOMES = ("passed", "failed", "skipped", "error", "crashed")
@@ -166,7 +167,7 @@ def headline(message: str | None, limit: int = 100) -> str | None:
         return None
     errors = [line for line in lines[1:] if line.lower().startswith(("error", "fatal"))]
     text = lines[0] if not errors else f"{lines[0]} {errors[0]}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(text, limit)
 
 
 def judge(
