@@ -176,7 +176,7 @@ class CellRow:
     triton: str | None
     cuda: str | None
     gpu_name: str | None
-    run_status: str
+    run_status: RunStatus
     run_uids: tuple[str, ...]
     started: str  # start of the (first selected) run, "YYYY-MM-DD HH:MM UTC"
     parts: tuple[PartResult, ...]

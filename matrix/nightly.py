@@ -53,6 +53,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix import readmodel
 from matrix.cells import CellKind, CellSpec, Matrix
 from matrix.commands import COMMAND_MODULES
 from matrix.recorder import ENV_CELL, ENV_LABEL
@@ -62,7 +63,7 @@ from matrix.regressions.expected import DEFAULT_FILE, load_expected_file
 from matrix.regressions.report import detect
 from matrix.regressions.thresholds import load_thresholds
 from matrix.store.db import ENV_DB, display_url, open_store, sqlite_path
-from matrix.store.models import RESULT_TABLES, Cell, Run, RunStatus
+from matrix.store.models import RESULT_TABLES, RunStatus
 from matrix.transfer import RunFilter, TransferStats, export_jsonl, ingest_jsonl
 
 logger = logging.getLogger(__name__)
@@ -297,15 +298,11 @@ def count_runs(store_url: str, label: str, cell_id: str) -> tuple[RunCount, ...]
     Session = _open_store(store_url)
     try:
         with Session() as session:
-            stmt = (
-                select(Run.id, Run.uid, Run.status)
-                .join(Run.cell)
-                .where(Run.label == label, Cell.cell_id == cell_id)
-                .order_by(Run.started_at)
-            )
-            runs = session.execute(stmt).all()
+            selection = readmodel.Selection(labels=(label,), cells=(cell_id,), pick=readmodel.Pick.EVERY)
+            runs = readmodel.select_runs(readmodel.load_runs(session), selection)
             counts = []
-            for pk, uid, status in runs:
+            for run in runs:
+                pk, uid, status = run.pk, run.uid, run.status
                 rows = {
                     model.__tablename__: session.scalar(
                         select(func.count()).select_from(model).where(model.run_pk == pk)
