@@ -1,4 +1,4 @@
-"""Logical runs (matrix.regressions.logical): the runs of one cell that share a label are judged as one.
+"""Logical runs (matrix.readmodel.group_runs): the runs of one cell that share a label are judged as one.
 
 The store: a synthetic history whose last night on torch-2.11 arrived as three runs of one label, the
 way a GPU lease cut into calls records it: run A with the first workloads (and the PI results), run B
