@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from dashboards.site import build_site
 from matrix import readmodel
+from matrix.commands import pi_status
 from matrix.compatibility import build_table
 from matrix.regressions import report as regressions
 from matrix.regressions.thresholds import Thresholds
@@ -62,6 +63,7 @@ def test_every_reader_goes_through_the_one_selector(monkeypatch: pytest.MonkeyPa
                 ingest_jsonl(session, handle, str(path))
     with store() as session:
         hidden = regressions.detect(session, Thresholds()).cells[0].run.cell_key
+        keys = {r.uid: r.cell_key for r in readmodel.load_runs(session)}
     real = readmodel.select_runs
     calls: list[readmodel.Pick] = []
 
@@ -76,6 +78,7 @@ def test_every_reader_goes_through_the_one_selector(monkeypatch: pytest.MonkeyPa
         "dashboard": lambda s: {row.run.cell_key for row in build_site(s, Thresholds()).grid},
         "summary": lambda s: {readmodel.cell_key(x.cell_id, x.gpu) for x in summarize(s)},
         "report": lambda s: {r.cell_key for r in build_report(s).runs},
+        "pi-status": lambda s: {keys[row.run] for row in pi_status.load_rows(s)},
     }
     with store() as session:
         for name, reader in readers.items():
