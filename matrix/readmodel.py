@@ -231,8 +231,13 @@ def group_runs(runs: Iterable[RunInfo]) -> list[RunInfo]:
 
 def owners(run: RunInfo, keys: Mapping[int, Iterable[K]]) -> dict[K, int]:
     """Which member owns each key: the latest member of ``run`` that recorded it (``keys`` per run pk)."""
+    return owners_of(run.pks, keys)
+
+
+def owners_of(pks: Sequence[int], keys: Mapping[int, Iterable[K]]) -> dict[K, int]:
+    """Per key, the last of ``pks`` (runs oldest first) whose ``keys`` hold it."""
     owner: dict[K, int] = {}
-    for pk in run.pks:  # oldest first, so the latest member wins
+    for pk in pks:  # oldest first, so the latest wins
         for key in keys.get(pk, ()):
             owner[key] = pk
     return owner

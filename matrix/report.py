@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -159,11 +160,10 @@ def build_report(
                 continue
             found.setdefault((result.run_pk, wl.name, wl.tier), {}).setdefault(result.mode, {})[kind] = result
     order = {pk: i for i, pk in enumerate(by_pk)}  # oldest first
-    latest: dict[tuple[str, str, str], int] = {}
+    keys: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
     for run_pk, name, tier in found:
-        key = (by_pk[run_pk].cell_id, name, tier)
-        if key not in latest or order[run_pk] > order[latest[key]]:
-            latest[key] = run_pk
+        keys[run_pk].append((by_pk[run_pk].cell_id, name, tier))
+    latest = readmodel.owners_of(list(by_pk), keys)  # per (cell, workload, tier): the latest run with it
     rows: list[ReportRow] = []
     for (cell_id, name, tier), run_pk in sorted(latest.items()):
         modes = found[(run_pk, name, tier)]
