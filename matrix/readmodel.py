@@ -308,7 +308,7 @@ def _latest_per_key(runs: Iterable[RunInfo], finished_only: bool) -> list[RunInf
     return sorted(latest.values(), key=lambda r: r.order)
 
 
-def select_runs(runs: Sequence[RunInfo], selection: Selection = Selection()) -> list[RunInfo]:
+def select_runs(runs: Sequence[RunInfo], selection: Selection) -> list[RunInfo]:
     """The runs of ``runs`` (as ``load_runs`` returns them, or logical runs) that ``selection`` picks;
     [] when none matches (the reader says what to do about it)."""
     pool = [
