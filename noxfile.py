@@ -9,7 +9,8 @@
 - ``matrix``: selects cells (``-- --tag nightly``, ``-- --cell torch-2.4``; default: the matrix's
   default tag), queues their sessions, then ``dashboard`` and last ``summary --check``, which fails
   (so ``nox -s matrix`` exits non-zero) with one line per broken cell: a result failing against
-  expected.toml, a test that failed without recording its result, a run that crashed or hit its deadline.
+  expected.toml, a test that failed without recording its result, a run that crashed or hit its deadline;
+  it closes with the verdict block (ok or the broken cells, each failing since when, and where to look).
 - ``published``: the committed exports (``results/*.jsonl``) in a fresh store, then
   ``docs/COMPATIBILITY.md`` and the dashboard (``site/``) from it.
 - ``tests``, ``lint``, ``summary``, ``dashboard``.

@@ -56,6 +56,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix import readmodel
 from matrix.cells import CellKind, CellSpec, Matrix
 from matrix.recorder import ENV_CELL, ENV_LABEL
 from matrix.regressions.broken import BrokenCell, broken_cells
@@ -65,7 +66,7 @@ from matrix.regressions.report import detect
 from matrix.regressions.text_report import report_text
 from matrix.regressions.thresholds import Thresholds, load_thresholds
 from matrix.store.db import ENV_DB, display_url, open_store, sqlite_path
-from matrix.store.models import RESULT_TABLES, Cell, Run, RunStatus
+from matrix.store.models import RESULT_TABLES, RunStatus
 from matrix.transfer import RunFilter, TransferStats, export_jsonl, ingest_jsonl
 
 logger = logging.getLogger(__name__)
@@ -300,15 +301,11 @@ def count_runs(store_url: str, label: str, cell_id: str) -> tuple[RunCount, ...]
     Session = _open_store(store_url)
     try:
         with Session() as session:
-            stmt = (
-                select(Run.id, Run.uid, Run.status)
-                .join(Run.cell)
-                .where(Run.label == label, Cell.cell_id == cell_id)
-                .order_by(Run.started_at)
-            )
-            runs = session.execute(stmt).all()
+            selection = readmodel.Selection(labels=(label,), cells=(cell_id,), pick=readmodel.Pick.EVERY)
+            runs = readmodel.select_runs(readmodel.load_runs(session), selection)
             counts = []
-            for pk, uid, status in runs:
+            for run in runs:
+                pk, uid, status = run.pk, run.uid, run.status
                 rows = {
                     model.__tablename__: session.scalar(
                         select(func.count()).select_from(model).where(model.run_pk == pk)

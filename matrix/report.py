@@ -5,10 +5,12 @@ mode, whether it was correct and how fast it was relative to the baselines, with
 explain the speed. Several runs of one cell may each cover part of the workloads (a GPU lease is too
 short for all of them), so the table must merge runs without mixing figures of different runs.
 
-Design: ``build_report`` picks, for every (cell, workload, tier), the most recent selected run that has
-any result for it, and reads that run's correctness and performance rows. Speedups compare medians of
-the same run only: ``speedup_vs_X = median(X) / median(mode)``; None when either side is missing or not
-``ok``. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI commands print or write them.
+Design: ``build_report`` selects runs through the read model (``matrix.readmodel.select_runs``: every
+run matching the uids, labels and cells) and picks, for every (cell, workload, tier), the most recent
+selected run that has any result for it, and reads that run's correctness and performance rows.
+Speedups compare medians of the same run only: ``speedup_vs_X = median(X) / median(mode)``; None when
+either side is missing or not ``ok``. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
+commands print or write them.
 
 Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0.
 """
@@ -16,16 +18,18 @@ Invariants: read-only; figures are never combined across runs; a missing mode yi
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import fnmatch
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
-from matrix.text import markdown_text
+from matrix import readmodel
+from matrix.readmodel import RunInfo
+from matrix.store.models import CorrectnessResult, PerformanceResult, Workload
+from matrix.text import markdown_text, one_line
 from suites.options import MODE_NAMES
 
 REPORT_FORMAT = 1
@@ -46,23 +50,6 @@ COLUMNS = (
     "mem_vs_pt2cg",
 )
 OK = "ok"
-
-
-@dataclasses.dataclass(frozen=True)
-class RunInfo:
-    uid: str
-    cell: str
-    started_at: dt.datetime
-    label: str | None
-    torch: str | None
-    triton: str | None
-    cuda: str | None
-    gpu: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["started_at"] = self.started_at.isoformat()
-        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +87,26 @@ class Report:
         return {
             "format": REPORT_FORMAT,
             "columns": list(COLUMNS),
-            "runs": [r.to_dict() for r in self.runs],
+            "runs": [run_to_dict(r) for r in self.runs],
             "rows": [r.to_dict() for r in self.rows],
         }
 
     def cells(self) -> list[str]:
         return list(dict.fromkeys(row.cell for row in self.rows))
+
+
+def run_to_dict(run: RunInfo) -> dict[str, Any]:
+    """A run as the report's JSON names it (``REPORT_FORMAT`` 1)."""
+    return {
+        "uid": run.uid,
+        "cell": run.cell_id,
+        "started_at": run.started_at.isoformat(),
+        "label": run.label,
+        "torch": run.torch_version,
+        "triton": run.triton_version,
+        "cuda": run.cuda_runtime,
+        "gpu": run.gpu_name,
+    }
 
 
 def speedup(baseline_ms: float | None, ms: float | None) -> float | None:
@@ -123,20 +124,6 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def select_runs(
-    session: Session, uids: Iterable[str] = (), labels: Iterable[str] = (), cells: Iterable[str] = ()
-) -> list[tuple[Run, Cell]]:
-    """Candidate runs, oldest first."""
-    query = select(Run, Cell).join(Cell, Run.cell_pk == Cell.id).order_by(Run.started_at, Run.id)
-    if uids := list(uids):
-        query = query.where(Run.uid.in_(uids))
-    if labels := list(labels):
-        query = query.where(Run.label.in_(labels))
-    if cells := list(cells):
-        query = query.where(Cell.cell_id.in_(cells))
-    return [(run, cell) for run, cell in session.execute(query).all()]
-
-
 def build_report(
     session: Session,
     uids: Iterable[str] = (),
@@ -144,8 +131,9 @@ def build_report(
     cells: Iterable[str] = (),
     workloads: Sequence[str] = (),
 ) -> Report:
-    candidates = select_runs(session, uids, labels, cells)
-    by_pk = {run.id: (run, cell) for run, cell in candidates}
+    selection = readmodel.Selection(tuple(uids), tuple(labels), tuple(cells), pick=readmodel.Pick.EVERY)
+    candidates = readmodel.select_runs(readmodel.load_runs(session), selection)
+    by_pk = {run.pk: run for run in candidates}
     if not by_pk:
         return Report((), ())
     correctness = session.execute(
@@ -172,11 +160,10 @@ def build_report(
                 continue
             found.setdefault((result.run_pk, wl.name, wl.tier), {}).setdefault(result.mode, {})[kind] = result
     order = {pk: i for i, pk in enumerate(by_pk)}  # oldest first
-    latest: dict[tuple[str, str, str], int] = {}
+    keys: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
     for run_pk, name, tier in found:
-        key = (by_pk[run_pk][1].cell_id, name, tier)
-        if key not in latest or order[run_pk] > order[latest[key]]:
-            latest[key] = run_pk
+        keys[run_pk].append((by_pk[run_pk].cell_id, name, tier))
+    latest = readmodel.owners_of(list(by_pk), keys)  # per (cell, workload, tier): the latest run with it
     rows: list[ReportRow] = []
     for (cell_id, name, tier), run_pk in sorted(latest.items()):
         modes = found[(run_pk, name, tier)]
@@ -187,9 +174,9 @@ def build_report(
         }
         peaks = {mode: _calls_peak(r) for mode, r in modes.items()}
         for mode in sorted(modes, key=_mode_key):
-            rows.append(_row(cell_id, by_pk[run_pk][0].uid, name, tier, mode, modes[mode], medians, peaks))
+            rows.append(_row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks))
     used = sorted({pk for pk in latest.values()}, key=lambda pk: order[pk])
-    return Report(tuple(_run_info(*by_pk[pk]) for pk in used), tuple(rows))
+    return Report(tuple(by_pk[pk] for pk in used), tuple(rows))
 
 
 def _row(
@@ -256,19 +243,6 @@ def _ratio(value: int | None, baseline: int | None) -> float | None:
     return value / baseline
 
 
-def _run_info(run: Run, cell: Cell) -> RunInfo:
-    return RunInfo(
-        uid=run.uid,
-        cell=cell.cell_id,
-        started_at=run.started_at,
-        label=run.label,
-        torch=cell.torch_version,
-        triton=cell.triton_version,
-        cuda=cell.cuda_runtime,
-        gpu=cell.gpu_name,
-    )
-
-
 # -- formatting -----------------------------------------------------------------------------------------
 
 
@@ -298,10 +272,10 @@ def _bytes(n: int) -> str:
 
 def _environment(run: RunInfo) -> str:
     parts = [
-        f"torch {run.torch or '-'}",
-        f"triton {run.triton or '-'}",
-        f"CUDA {run.cuda or '-'}",
-        run.gpu or "no GPU",
+        f"torch {run.torch_version or '-'}",
+        f"triton {run.triton_version or '-'}",
+        f"CUDA {run.cuda_runtime or '-'}",
+        run.gpu_name or "no GPU",
     ]
     return ", ".join(parts)
 
@@ -313,7 +287,7 @@ def render_text(report: Report) -> str:
     header = ["workload", "tier", "mode", *COLUMNS]
     out: list[str] = []
     for cell in report.cells():
-        runs = [r for r in report.runs if r.cell == cell]
+        runs = [r for r in report.runs if r.cell_id == cell]
         out.append(f"cell {cell}: {_environment(runs[-1])}; runs {', '.join(r.uid[:8] for r in runs)}")
         table = [
             [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
@@ -326,14 +300,11 @@ def render_text(report: Report) -> str:
         notes = [row for row in report.rows if row.cell == cell and row.status not in ("pass", OK)]
         if notes:
             out.append("not passing:")
-            out.extend(f"  {row.workload} / {row.mode}: {row.status}: {_clip(row.reason)}" for row in notes)
+            out.extend(
+                f"  {row.workload} / {row.mode}: {row.status}: {one_line(row.reason, 240)}" for row in notes
+            )
         out.append("")
     return "\n".join(out)
-
-
-def _clip(text: str | None, limit: int = 240) -> str:
-    one_line = " ".join((text or "").split())
-    return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
 _md = markdown_text  # every stored string in docs/RESULTS.md, as docs/COMPATIBILITY.md escapes it
@@ -356,7 +327,7 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         return "\n".join([*lines, "No results in the store.", ""])
     header = ["workload", "tier", "mode", *COLUMNS]
     for cell in report.cells():
-        runs = [r for r in report.runs if r.cell == cell]
+        runs = [r for r in report.runs if r.cell_id == cell]
         lines += [f"## Cell `{_md(cell)}`", "", f"{_md(_environment(runs[-1]))}.", ""]
         lines += [
             f"Runs: {', '.join(f'`{_md(r.uid)}` ({r.started_at:%Y-%m-%d %H:%M} UTC)' for r in runs)}.",
