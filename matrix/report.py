@@ -9,7 +9,11 @@ Design: ``build_report`` selects runs through the read model (``matrix.readmodel
 run matching the uids, labels and cells) and picks, for every (cell, workload, tier), the most recent
 selected run that has any result for it, and reads that run's correctness and performance rows.
 Speedups compare medians of the same run only: ``speedup_vs_X = median(X) / median(mode)``; None when
-either side is missing or not ``ok``. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
+either side is missing or not ``ok``. Where the run timed the ``raw-graph`` reference (the workload's
+kernels replayed bare, suites.raw_graph), each mode also gets ``vs_raw`` (its median over the reference's),
+``host_overhead_us`` (the difference, in microseconds: what the layers around the graph cost per call)
+and, from the back-to-back timings, ``b2b_ms`` and ``b2b_vs_raw``; tables show those columns only where
+a reference was timed. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
 commands print or write them.
 
 Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0.
@@ -49,6 +53,8 @@ COLUMNS = (
     "calls_peak_mem",
     "mem_vs_pt2cg",
 )
+REFERENCE = "raw-graph"  # the physical reference mode (suites.raw_graph)
+REFERENCE_COLUMNS = ("b2b_ms", "vs_raw", "b2b_vs_raw", "host_overhead_us")
 OK = "ok"
 
 
@@ -73,6 +79,10 @@ class ReportRow:
     compile_s: float | None
     calls_peak_mem: int | None  # bytes: the suites' calls_peak_mem_bytes (after the compiling call)
     mem_vs_pt2cg: float | None  # calls_peak_mem over pt2cg's in the same run
+    b2b_ms: float | None = None  # median per call of the back-to-back samples
+    vs_raw: float | None = None  # median_ms over the raw-graph reference's in the same run
+    b2b_vs_raw: float | None = None  # b2b_ms over the reference's
+    host_overhead_us: float | None = None  # (median_ms - the reference's) in microseconds
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,8 +183,10 @@ def build_report(
             if "performance" in r and r["performance"].status == OK
         }
         peaks = {mode: _calls_peak(r) for mode, r in modes.items()}
+        b2b = {mode: _details_float(r.get("performance"), "b2b_ms_median") for mode, r in modes.items()}
         for mode in sorted(modes, key=_mode_key):
-            rows.append(_row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks))
+            row = _row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks)
+            rows.append(_against_reference(row, medians.get(REFERENCE), b2b.get(mode), b2b.get(REFERENCE)))
     used = sorted({pk for pk in latest.values()}, key=lambda pk: order[pk])
     return Report(tuple(by_pk[pk] for pk in used), tuple(rows))
 
@@ -220,6 +232,26 @@ def _row(
     )
 
 
+def _against_reference(
+    row: ReportRow, raw_ms: float | None, b2b_ms: float | None, raw_b2b_ms: float | None
+) -> ReportRow:
+    """The row with its figures against the raw-graph reference of the same run (None without one)."""
+    if row.median_ms is None:
+        b2b_ms = None  # a mode that was not timed ok has no back-to-back figure either
+    overhead = (row.median_ms - raw_ms) * 1e3 if row.median_ms is not None and raw_ms else None
+    return dataclasses.replace(
+        row,
+        b2b_ms=b2b_ms,
+        vs_raw=_ratio_f(row.median_ms, raw_ms),
+        b2b_vs_raw=_ratio_f(b2b_ms, raw_b2b_ms),
+        host_overhead_us=overhead,
+    )
+
+
+def _ratio_f(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
+
+
 def _details_float(result: CorrectnessResult | PerformanceResult | None, key: str) -> float | None:
     if result is None or not isinstance(result.details, dict):
         return None
@@ -250,10 +282,12 @@ def fmt(column: str, value: Any) -> str:
     """One cell of a table, for people: '-' for missing, ms with 3 decimals, speedups as 1.23x."""
     if value is None:
         return "-"
-    if column.startswith("speedup") or column == "mem_vs_pt2cg":
+    if column.startswith("speedup") or column in ("mem_vs_pt2cg", "vs_raw", "b2b_vs_raw"):
         return f"{value:.2f}x"
-    if column in ("median_ms", "floor_ms"):
+    if column in ("median_ms", "floor_ms", "b2b_ms"):
         return f"{value:.3f}"
+    if column == "host_overhead_us":
+        return f"{value:.1f}"
     if column == "compile_s":
         return f"{value:.1f}"
     if column in ("copy_bytes_per_replay", "calls_peak_mem"):
@@ -280,17 +314,25 @@ def _environment(run: RunInfo) -> str:
     return ", ".join(parts)
 
 
+def columns_of(rows: Sequence[ReportRow]) -> tuple[str, ...]:
+    """The columns a table of ``rows`` shows: the reference's only where a reference was timed."""
+    if any(row.mode == REFERENCE and row.median_ms is not None for row in rows):
+        return (*COLUMNS, *REFERENCE_COLUMNS)
+    return COLUMNS
+
+
 def render_text(report: Report) -> str:
     """Aligned text tables, one per cell."""
     if not report.rows:
         return "no results match (run the suites with the recorder first)\n"
-    header = ["workload", "tier", "mode", *COLUMNS]
     out: list[str] = []
     for cell in report.cells():
+        columns = columns_of([row for row in report.rows if row.cell == cell])
+        header = ["workload", "tier", "mode", *columns]
         runs = [r for r in report.runs if r.cell_id == cell]
         out.append(f"cell {cell}: {_environment(runs[-1])}; runs {', '.join(r.uid[:8] for r in runs)}")
         table = [
-            [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
+            [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in columns)]
             for row in report.rows
             if row.cell == cell
         ]
@@ -320,13 +362,17 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         "Speedups compare medians of the same run (`speedup_vs_X = median(X) / median(mode)`, above 1 is "
         "faster); the floor is the GPU-busy time of one call; `calls_peak_mem` is the peak memory allocated "
         "in the calls after the compiling one (recording or deciding, first replays), `mem_vs_pt2cg` its "
-        "ratio to pt2cg's in the same run; `-` means not measured.",
+        "ratio to pt2cg's in the same run; where the run timed the `raw-graph` reference (the kernels "
+        "replayed bare), `vs_raw` and `host_overhead_us` compare each mode's median with it, and `b2b_ms`, "
+        "`b2b_vs_raw` do so for calls launched back to back; `-` means not measured.",
         "",
     ]
     if not report.rows:
         return "\n".join([*lines, "No results in the store.", ""])
-    header = ["workload", "tier", "mode", *COLUMNS]
     for cell in report.cells():
+        rows = [row for row in report.rows if row.cell == cell]
+        columns = columns_of(rows)
+        header = ["workload", "tier", "mode", *columns]
         runs = [r for r in report.runs if r.cell_id == cell]
         lines += [f"## Cell `{_md(cell)}`", "", f"{_md(_environment(runs[-1]))}.", ""]
         lines += [
@@ -335,9 +381,8 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         ]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
-        rows = [row for row in report.rows if row.cell == cell]
         for row in rows:
-            values = [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
+            values = [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in columns)]
             lines.append("| " + " | ".join(_md(v) for v in values) + " |")
         notes = [row for row in rows if row.status not in ("pass", OK)]
         if notes:
