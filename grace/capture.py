@@ -69,7 +69,7 @@ happens only when no output of the previous replay is held, by any thread (``hel
 output of the pool is handed out and the rule never applies.
 
 Note: [cuBLAS workspaces]
-cuBLAS keeps a workspace per (handle, stream) (about 32 MiB on the H200), allocated on a stream's first
+cuBLAS keeps a workspace per (handle, stream), allocated on a stream's first
 matmul. A graph captured while a workspace from the default pool exists reads and writes that memory on
 every replay, and anyone may free it (cudagraph trees clear every workspace around each recording): the
 memory would then serve other tensors while the graph still scribbles on it. So, as cudagraph trees do,
@@ -79,15 +79,10 @@ books but used by nobody but the graph, since nothing else allocates from that p
 one workspace, not two, in the first calls: the warm-up's on the capture stream is dropped before the
 no-graph runs on the caller's stream allocate theirs. Every no-graph run grace makes itself starts
 without a workspace as well: one held from an earlier run would sit beside the transient workspaces of
-its cuDNN convolutions (alexnet on the H200: 63 MiB instead of 33 MiB, Inductor's own steady state). So
-the checks' runs (grace.verify) drop it before and after, and SCG's timed no-graph samples drop it
-before each sample, outside the timed region (``grace.scg.time_variants``'s ``untimed_setup``); what a
-sample then times beyond Inductor's steady state is taking the workspace back from the allocator's
-cache at its first matmul. Measured on the H200 (results/gpu-checks/probe-h200-2026-11-29-e.json, 60
-interleaved samples each, median with the drop over median without): alexnet 0.992, lcnet_050 1.001,
-mlp 1.004, XLNet 1.012, linear8_cpu_scalar 1.023 (0.285 against 0.279 ms: eight small matmuls, host
-bound); the peaks of the calls after the compiling one: alexnet 33.4 MiB (pt2cg 33.3), lcnet_050 49.1
-(49.0).
+its cuDNN convolutions. So the checks' runs (grace.verify) drop it before and after, and SCG's timed
+no-graph samples drop it before each sample, outside the timed region (``grace.scg.time_variants``'s
+``untimed_setup``); what a sample then times beyond Inductor's steady state is taking the workspace back
+from the allocator's cache at its first matmul (figures in docs/design/runtime.md).
 
 Note: [Outputs held within one call]
 A graph's outputs live in its pool and its next replay writes them again. Across calls of a compiled

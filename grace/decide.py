@@ -5,124 +5,32 @@ wrong result or applying the callable's side effects twice, and it must leave no
 variants it drops.
 
 Design (one call, on the caller's real inputs):
-1. capture the graph-with-copies variant and, when PI is enabled and usable, a second graph that
-   ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``). With option
-   ``pi_direct``, first the PI graph alone, captured on the caller's inputs; it stands alone when its
-   PI serves every dynamic input, else the two usual graphs are captured;
-2. run the no-graph callable as the reference before step 1, so that no capture is the first run of
-   the compiled code (a callable that writes its inputs gets them back before the captures; one
-   without side effects, when its outputs reach option ``host_reference_bytes``, has them copied to
-   host memory with the no-graph variant's SCG samples taken at once), then each graph variant, each
-   run starting from the
-   call's state (``grace.rerun.CallStart``: mutated inputs and, for a callable with random ops, the
-   generators); a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
-   checked first, with zeros in the placeholders it shares with the copies graph, then
-   again with its inputs at new addresses (the placeholders, holding the inputs' values);
-3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
+1. the no-graph reference runs first, so that no capture is the first run of the compiled code; a
+   callable that writes its inputs gets them back after its reference state is kept, and one without
+   side effects whose outputs reach option ``host_reference_bytes`` has them copied to host memory, with
+   the no-graph variant's SCG samples taken at once (grace.hostref);
+2. the graph variants of ``grace.variants`` are captured: with copies and, when PI is enabled and
+   usable, a PI graph reading the same placeholders (Note: [PI seam] in grace.capture); under option
+   ``pi_direct`` first the PI graph alone, on the caller's inputs, which stands alone when its PI
+   serves every dynamic input;
+3. each variant runs from the call's state (``grace.rerun.CallStart``) in its spec's check order and
+   is dropped when its outputs or mutated inputs differ from the reference (PI first, with zeros in the
+   placeholders it shares, then again with its inputs at new addresses: the placeholders);
+4. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
-   are not timed (timing would repeat the side effects): they keep the best graph variant;
-4. release the dropped graphs, bind the slot's steady run function, arm the runner's safety net
-   (grace.verify) and return the chosen variant's output, itself compared with the no-graph output;
-   that last run starts from the call's state too, so the call leaves what one run leaves.
+   are not timed: they keep the preferred graph variant;
+5. release the dropped graphs and return a ``SlotDecision``: the slot applies it (binds the graph,
+   arms the safety net of grace.verify) and makes the call's last run, itself compared with the
+   no-graph output and started from the call's state.
 
-A PI graph is handed to its plan's ``prepare_launch`` after instantiation (a graph with vendor nodes is
-uploaded, as CUDA asks for device-side node updates); the plan's ``health`` (did the vendor preludes
-apply their updates) is part of every numeric check.
+``decide`` reads the slot's facts (``SlotFacts``) and never writes the slot; the stats record gets the
+reasons and node counts. A PI graph is handed to its plan's ``prepare_launch`` after instantiation;
+the plan's ``health`` is part of every numeric check.
 
-Invariant: every exit path leaves the slot in a steady state (graph variant or no graph with a reason).
-
-Note: [Deciding-call memory]
-CUDA memory grace allocates from a slot's first call to its first steady call, for a callable with N
-dynamic inputs of B bytes (U = N*B), outputs of O bytes that it allocates (views of inputs are free),
-W bytes of transient intermediates per run, C bytes of comparison temporaries (a few
-``scg.COMPARE_CHUNK``-element tensors: about 1 MiB in float32), and a caller that drops each call's
-output before the next call (as suites/harness.py does). Peaks are above what was allocated before the
-first call, the caller's inputs included. Outputs of a graph live in its private pool for as long as
-the graph; placeholders live in the default pool.
-
-  phase                           before this note (alive at once)         now
-  warm-up call, no graph          O + W                                    O + W
-  capture graph-with-copies       placeholders U + pool O                  U + O
-  capture PI graph                own placeholders U + pool O: 2U + 2O     shared placeholders: U + 2O
-  reference (no-graph) run        + O: 2U + 3O                             U + 3O
-  numeric checks                  + C                                      + C
-  PI at new input addresses       + clones of the inputs: 3U + 3O + C      placeholders as inputs: + 0
-  timing (no-graph samples)       reference kept: 2U + 4O + W              reference dropped: U + 3O + W
-  returned replay, verified       U + O + reference O + clone O            U + O + reference O
-                                  + verification's reference O: U + 4O     (outputs compared in place)
-  first steady call, verified     U + O + clone O + reference O            U + 2O
-  peak                            max(3U + 3O + C, 2U + 4O + W)            U + 3O + max(C, W)
-
-For 64 inputs of 4 MiB (U = 256 MiB) returning one 4 MiB output per input (O = U), before: 6U = 1536
-MiB plus C (then whole-output ``allclose`` temporaries, tens of MiB): the about 1600 MiB measured on
-the H200 (with O small it would have been 3U, about 780 MiB). Now 4U + C, about 1030 MiB. Mutating
-callables add snapshots of their mutated inputs (a few times their bytes) and keep the output clone in
-the verification, as before.
-
-PyTorch's cudagraph trees ("reduce-overhead") in the same window: the warm-up run allocates O + W in
-the tree's pool; recording allocates static copies of the non-static inputs (U) in that pool, but holds
-them only through non-owning tensors, so Inductor's ``del argN`` after an input's last use frees it
-inside the pool and later buffers of the same graph (outputs included) reuse it; replays copy into
-the recorded addresses. Peak: U + O + W when every kernel reads every input (one fused kernel over all
-inputs), down to about U when each input is dead before the next output is allocated (64 independent
-elementwise kernels: consistent with the 256 MiB measured for pt2cg). Against U + O, grace is within
-10% when 1.9 O + C <= 0.1 U: outputs small next to the inputs, e.g. 64 inputs combined into one 4 MiB
-output, U + 3O + C = about 1.05 (U + O). Where O is of the order of U, what remains is structural:
-grace's graphs own their placeholders and their outputs (U + O for the kept graph alone, against about
-U), and the PI graph has outputs of its own while both graphs are timed. Closing it needs placeholders
-allocated in the graph's pool and released during capture as cudagraph trees do (which PI's address
-matching must then tell apart from outputs reusing those addresses), and one capture instantiated
-twice (copies and PI) so that the two variants share outputs and intermediates.
-
-Option ``pi_direct`` removes the placeholders from the decision: the PI graph is captured on the
-caller's inputs (they are alive anyway) and, when its PI serves every dynamic input, it is the only
-graph captured. Peak: the graph's outputs O in its pool plus one no-graph output O (the reference, or
-a timed no-graph run, or the verification's reference): 2O + max(C, W), no U term. For the suites'
-elementwise_64x1m (one input, one output of the same size) that is 2U, against pt2cg's U + O = 2U
-while its one kernel reads its copy of the input and writes its output. A graph captured this way has
-no placeholders to run at new addresses during the decision; the runner compares its first call at
-other addresses with the no-graph callable (grace.verify), and a failed PI check there or here falls
-back to the graph with copies (here) or to no graph (there).
-
-Measured on the H200 (torch 2.11, results/gpu-checks/memory-h200-2026-11-29.json, peak above the base
-in the first three calls): 64 inputs into one 4 MiB output, 272 MiB with the two variants and 12 MiB
-under ``pi_direct`` (pt2cg: 194 MiB); one 4 MiB output per input (O = U), 1028 MiB (4U) and 516 MiB
-(2O) (pt2cg: 260 MiB); elementwise_64x1m, 516 MiB against pt2cg's 512 MiB. Where O is about U and
-pt2cg reuses its input copies for its outputs (the suites' nvidia_deeprecommender: 272-305 MiB against
-144 MiB) the 2O of the decision remained: the reference and the timed no-graph runs allocated their
-outputs while the graph's outputs sat in its pool.
-
-Option ``host_reference_bytes`` (grace.hostref) removes that second O for callables without side
-effects whose outputs reach it: a graph's outputs stay in its pool (allocated) for as long as it lives,
-so every no-graph run is moved before the first capture (the reference, copied to host memory and
-freed, and the no-graph variant's SCG samples, which are then not interleaved with the graphs'), the
-checks and the returned replay compare with the host copy chunk by chunk, and the first steady call is
-not compared again (the returned replay was, on the same inputs). Peak: max(O + W, the kept graph's pool
-+ C): about O for O = U. The first call with inputs at other addresses is still compared with the
-no-graph callable (2O then, outside the first calls). Measured on the H200 (results/gpu-checks/
-memory-h200-2026-11-29.json): one output per input, 261 MiB against pt2cg's 260 MiB (516 MiB before);
-elementwise_64x1m, 261 MiB against 512 MiB; in the suites, pyhpc equation of state 9 MiB against 16 MiB
-and turbulent kinetic energy 21 MiB against 24 MiB.
-
-Model workloads add cuBLAS workspaces (Note: [cuBLAS workspaces] in grace.capture; about 32 MiB each on
-the H200): the warm-up's on the capture stream and the no-graph runs' on the caller's stream were both
-held, 33-37 MiB above pt2cg on every model with matmuls. Dropped around each capture and after the
-warm-up, the peaks of the suites' window equal pt2cg's (results/gpu-checks/probe-h200-2026-11-29-b.json:
-XLNet 49.1 MiB, MT5 277.3, DistilGPT2 57.9, nvidia_deeprecommender 177.0). Where convolutions and
-matmuls mix, each no-graph run after the first held the workspace beside the convolutions' transient
-ones (alexnet 63.5 MiB against 33.3, lcnet_050 82.1 against 49.0, probe-h200-2026-11-29-d.json): every
-no-graph run grace makes now starts without one. In the suites (results/h200-torch2.11-2026-11-29-j.jsonl,
-``calls_peak_mem_bytes``: the calls after the compiling one), grace is within 10% of pt2cg on 21 of the
-22 standard workloads pt2cg runs (alexnet 33.4 MiB against 33.3, lcnet_050 49.1 against 49.0,
-seed_elementwise_1m 5.3 against 8.0, linear8_cpu_scalar 37.0 against 34.0, the largest ratio). What
-remained above pt2cg: mutating callables' outputs as large as their inputs (the reference runs after the
-capture), and the outputs every kept graph holds in its own pool for as long as it lives, which added up
-over the graphs of a model split by graph breaks: DebertaForQuestionAnswering, 65.5 MiB against 46.3
-(66.2 in the re-run, h200-torch2.11-2026-11-29-k.jsonl), kept 17 to 18 graphs (three of its pieces see
-their layer's parameters at other addresses in each of four layers and got a graph per layer). Such
-graphs are now rebound from one capture and share its pool and outputs where a layer's outputs are dead
-before the next layer (grace.rebind, Note: [Layers that hold each other's outputs]): 47.5 MiB against
-46.3.
+Invariant: every exit path yields a decision the slot can apply (a graph variant, no graph with a
+reason, or deciding again after a write the analysis missed). Note: [Deciding-call memory] (the
+accounting, with the figures measured, is in docs/design/runtime.md): at most one no-graph output is
+alive beside the graphs' pools, none while the no-graph variant is timed.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Problem: one compiled callable often serves several modules of one class (a laye
 compiled once after a graph break, called for each layer with that layer's parameters). Its static
 inputs (parameters, buffers) then sit at other addresses on every call, and a graph reads them in place.
 A capture per address set gives every layer's graph its own pool: its own intermediates and its own
-outputs, held for as long as the graph lives (DebertaForQuestionAnswering on the H200: 17-18 graphs,
-1.4x the memory of pt2cg, whose recordings share one pool).
+outputs, held for as long as the graph lives (figures in docs/design/runtime.md).
 
 Design: a graph captured for a callable with static inputs keeps a pristine copy of its CUDA graph
 (``cuGraphClone`` before any hook edited it, ``CapturedGraph.pristine``). When the static inputs move,
@@ -46,13 +45,7 @@ overwrite it, so that call runs without the graph. The runner does not let that 
 graph's output is an input of the call that moved the static inputs captures again instead of
 rebinding (grace.decide.rebind_graph), and a graph of a family that finds outputs another graph of its
 family wrote still held when it replays (counted, or read by this very call) is replaced by a capture of
-its own; either stops rebinds for that slot. Measured on the H200 in the suites' window
-(DebertaForQuestionAnswering, four layers, results/h200-torch2.11-2026-11-29-l.jsonl): the
-piece with the query/key/value projection keeps four graphs over one set of outputs, 5.6 MiB (22.5 MiB
-captured per layer), and so does the attention's output projection (384 KiB, 1.5 MiB before); the
-feed-forward piece, whose output is the next layer's hidden state, finds it held and gets a capture per
-layer (1.1 MiB); the peak of the calls after the compiling one is 47.5 MiB against pt2cg's 46.3 (66.2
-with a capture per layer).
+its own; either stops rebinds for that slot (what this saves on a model: docs/design/runtime.md).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ the medians behind that choice, and why a graph was declined.
 Design: one ``GraphStats`` record per (compiled callable, input signature), created by the runner and
 kept in a process-wide registry. The runner updates plain counters on its hot path (an integer add);
 ``snapshot()`` derives the per-call figures and returns JSON-ready dicts with documented keys;
-``reset()`` empties the registry. ``fallback_counts()`` counts skip reasons by code over the process.
-
-``reset()`` zeroes counters so a suite can measure one phase.
+``fallback_counts()`` counts skip reasons by code. ``reset()`` (called by ``grace.reset``) zeroes the call
+counters of live slots, forgets released slots and the fallback counts, so a suite can measure one
+phase; ``forget_all()`` drops every record (tests start from an empty registry).
 
 Invariant: a snapshot is a copy: callers may keep or change it without touching the live records.
 """
@@ -177,7 +177,7 @@ def reset() -> None:
 
 
 def forget_all() -> None:
-    """Drop every record (``grace.reset`` after releasing all graphs)."""
+    """Drop every record and the fallback counts (``grace.reset`` calls ``reset`` instead)."""
     with _lock:
         _records.clear()
         _fallbacks.clear()
