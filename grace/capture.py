@@ -65,7 +65,7 @@ one thread at all (``calling_threads``, noted by the runner on every call and fo
 tensors over the same storages (``CapturedGraph.share_across_threads``), so that whatever was handed out
 before counts in the storages' use counts, and hands out aliases from then on. From then on a replay
 happens only when no output of the previous replay is held, by any thread (``held_outputs`` returns
-``HELD`` otherwise and the runner runs that call without the graph). With ``clone_outputs=True`` no
+``HeldState.HELD`` otherwise and the runner runs that call without the graph). With ``clone_outputs=True`` no
 output of the pool is handed out and the rule never applies.
 
 Note: [cuBLAS workspaces]
@@ -112,6 +112,7 @@ has ``rebase_placeholders(addresses)``: the runner calls it when such a graph fi
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections import Counter
@@ -130,7 +131,13 @@ from grace.reasons import SkipCode, SkipReason
 logger = logging.getLogger(__name__)
 
 
-HELD_NONE, HELD_UNKNOWN, HELD = "", "unknown", "held"  # CapturedGraph.held_outputs
+class HeldState(enum.Enum):
+    """Whether a replay now could overwrite outputs of the last replay that something still holds (Note:
+    [Outputs held within one call])."""
+
+    NONE = "none"  # a replay overwrites nothing still held
+    UNKNOWN = "unknown"  # the last replay in this call handed out the outputs themselves: not countable
+    HELD = "held"  # counted: an alias or a view of an output is alive
 
 
 class CaptureError(RuntimeError):
@@ -337,6 +344,96 @@ class CapturedGraph:
     _pool_released: bool = False
     _output_spans: list[tuple[int, int]] | None = None
 
+    @classmethod
+    def assemble(
+        cls,
+        *,
+        graph: Any,
+        device: torch.device,
+        placeholders: Mapping[int, torch.Tensor],
+        copy_indices: tuple[int, ...],
+        mutated_indices: tuple[int, ...],
+        outputs: list[Any],
+        output_container: str,
+        aliases: tuple[OutputAlias, ...],
+        static_indices: tuple[int, ...],
+        static_ptrs: list[int | None],
+        borrowed: bool = False,
+        layouts: Mapping[int, tuple[torch.Size, tuple[int, ...], torch.dtype]] | None = None,
+        pi_plan: PIPlan | None = None,
+        origin: CapturedGraph | None = None,
+        count_outputs: bool = True,
+        pool_positions: frozenset[int] | None = None,
+        copy_bytes: int = 0,
+        pristine: int | None = None,
+        static_spans: Mapping[int, StorageSpan] | None = None,
+        capture_spans: Mapping[int, StorageSpan] | None = None,
+    ) -> CapturedGraph:
+        """A graph from what its capture (or rebind) found.
+
+        ``placeholders``: what the graph reads for each dynamic input; a ``borrowed`` graph read the
+        caller's inputs and keeps none of them, only their ``layouts`` (taken from ``placeholders`` when
+        not given). ``count_outputs``: the outputs live in this graph's pool and count as held by it (a
+        graph rebound from ``origin`` writes the origin's and counts none)."""
+        if borrowed and layouts is None:
+            layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
+        kept = {} if borrowed else dict(placeholders)
+        return cls(
+            graph=graph,
+            device=device,
+            placeholders=kept,
+            copy_indices=copy_indices,
+            mutated_indices=mutated_indices,
+            outputs=outputs,
+            output_container=output_container,
+            aliases=aliases,
+            static_indices=static_indices,
+            static_ptrs=static_ptrs,
+            summary=None,
+            copy_bytes=copy_bytes,
+            pi_plan=pi_plan,
+            pool_positions=pool_positions,
+            _dense_placeholders={i: dense_view(p) for i, p in kept.items()},
+            borrowed=borrowed,
+            _layouts=dict(layouts) if borrowed and layouts is not None else {},
+            output_refs=output_refs(outputs, aliases, device) if count_outputs else [],
+            output_bytes=pool_output_bytes(outputs, aliases, device) if count_outputs else 0,
+            pristine=pristine,
+            static_spans=dict(static_spans or {}),
+            capture_spans=dict(capture_spans or {}),
+            origin=origin,
+        )
+
+    @classmethod
+    def rebound_from(cls, origin: CapturedGraph, graph: Any, args: Sequence[Any]) -> CapturedGraph:
+        """A graph of ``origin``'s family (grace.rebind): ``graph`` reads the static inputs where ``args``
+        has them and, like ``origin``, its placeholders (a graph captured on the caller's inputs gets
+        placeholders of its own when a call needs a copy), and writes ``origin``'s pool and outputs."""
+        borrowed = bool(origin._layouts)
+        origin.sharers += 1
+        rebound = cls.assemble(
+            graph=graph,
+            device=origin.device,
+            placeholders={} if borrowed else dict(origin.placeholders),
+            copy_indices=origin.copy_indices,
+            mutated_indices=origin.mutated_indices,
+            outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads])
+            output_container=origin.output_container,
+            aliases=origin.aliases,
+            pool_positions=origin.pool_positions,
+            static_indices=origin.static_indices,
+            static_ptrs=static_pointers(args, origin.static_indices),
+            copy_bytes=origin.copy_bytes,
+            borrowed=borrowed,
+            layouts=origin._layouts,
+            static_spans=storage_spans(args, origin.static_indices),
+            capture_spans=origin.capture_spans,
+            origin=origin,
+            count_outputs=False,  # the origin's outputs: counted once, with the origin
+        )
+        rebound.summary = origin.summary
+        return rebound
+
     def own_placeholders(self) -> dict[int, int]:
         """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses.
 
@@ -390,26 +487,25 @@ class CapturedGraph:
         """Whether replaying now, in compiled call ``generation``, could overwrite outputs of the last
         replay of this graph, or of a graph sharing its outputs, that something still holds (Note:
         [Outputs held within one call])."""
-        return self.held_outputs(generation) != HELD_NONE
+        return self.held_outputs(generation) is not HeldState.NONE
 
-    def held_outputs(self, generation: int) -> str:
-        """``HELD_NONE``: a replay now overwrites nothing still held; ``HELD_UNKNOWN``: the last replay in
-        this call handed out the outputs themselves, whose holders cannot be counted; ``HELD``: counted."""
+    def held_outputs(self, generation: int) -> HeldState:
+        """Whether a replay now, in compiled call ``generation``, would overwrite held outputs."""
         owner = self.outputs_owner
         if not owner.threads_shared and (
             calling_threads.several or owner.last_thread not in (None, threading.get_ident())
         ):
             self.share_across_threads()
         if owner.threads_shared:  # Note: [Outputs and threads]
-            return HELD if owner._outputs_counted_held() else HELD_NONE
+            return HeldState.HELD if owner._outputs_counted_held() else HeldState.NONE
         if generation != owner.last_generation:
-            return HELD_NONE
+            return HeldState.NONE
         if owner.aliases_since is None:
             owner.aliases_since = generation
-            return HELD_UNKNOWN
+            return HeldState.UNKNOWN
         if generation == owner.aliases_since:
-            return HELD_UNKNOWN
-        return HELD if owner._outputs_counted_held() else HELD_NONE
+            return HeldState.UNKNOWN
+        return HeldState.HELD if owner._outputs_counted_held() else HeldState.NONE
 
     def _outputs_counted_held(self) -> bool:
         return any(torch_compat.storage_use_count(ref) > own for ref, own in self.output_refs)
@@ -837,10 +933,10 @@ def capture_graph(
         raise
     copy_indices = tuple(sorted(placeholders))
     del outputs  # the same tensors as out_list: only the graph holds them from here on
-    return CapturedGraph(
+    return CapturedGraph.assemble(
         graph=graph,
         device=device,
-        placeholders={} if borrow_inputs else placeholders,
+        placeholders=placeholders,
         copy_indices=copy_indices,
         mutated_indices=tuple(i for i in mutated_indices if i in placeholders),
         outputs=out_list,
@@ -849,15 +945,8 @@ def capture_graph(
         pool_positions=pool_positions(out_list, aliases, device, args, static_indices),
         static_indices=tuple(static_indices),
         static_ptrs=static_pointers(args, static_indices),
-        summary=None,
         copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
-        _dense_placeholders={} if borrow_inputs else {i: dense_view(p) for i, p in placeholders.items()},
         borrowed=borrow_inputs,
-        _layouts={i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
-        if borrow_inputs
-        else {},
-        output_refs=output_refs(out_list, aliases, device),
-        output_bytes=pool_output_bytes(out_list, aliases, device),
         pristine=pristine,
         static_spans=storage_spans(args, static_indices),
         capture_spans={i: StorageSpan.of(p) for i, p in placeholders.items()},

@@ -43,7 +43,7 @@ Sharing outputs pays only where a layer's outputs are dead before the next layer
 (the hidden state of a residual stream) or that the model keeps is still held then: a replay would
 overwrite it, so that call runs without the graph. The runner does not let that last: a slot whose
 graph's output is an input of the call that moved the static inputs captures again instead of
-rebinding (grace.decide.rebind_graph), and a graph of a family that finds outputs another graph of its
+rebinding (``grace.decide.rebind_graph``), and a graph of a family that finds outputs another graph of its
 family wrote still held when it replays (counted, or read by this very call) is replaced by a capture of
 its own; either stops rebinds for that slot (what this saves on a model: docs/design/runtime.md).
 """
@@ -56,15 +56,7 @@ from typing import Any
 
 import torch
 
-from grace.capture import (
-    CapturedGraph,
-    CaptureError,
-    GraphHook,
-    StorageSpan,
-    dense_view,
-    static_pointers,
-    storage_spans,
-)
+from grace.capture import CapturedGraph, CaptureError, GraphHook, StorageSpan, storage_spans
 from grace.compat import cuda as cuda_compat
 from grace.cudagraph import ArgumentEdit, KernelNode, edit_kernel_node_arguments
 from grace.reasons import SkipCode, SkipReason
@@ -219,31 +211,4 @@ def rebind(
     except Exception as exc:
         cuda_compat.graph_destroy(clone)
         raise _declined(f"{type(exc).__name__}: {exc}") from exc
-    origin.sharers += 1
-    # A graph captured on the caller's inputs reads them at their capture addresses only through PI's
-    # table: like its origin, it gets placeholders of its own when a call needs a copy.
-    borrowed = bool(origin._layouts)
-    placeholders = {} if borrowed else dict(origin.placeholders)
-    return CapturedGraph(
-        graph=RawGraph(clone, graph_exec, origin.device),
-        device=origin.device,
-        placeholders=placeholders,
-        copy_indices=origin.copy_indices,
-        mutated_indices=origin.mutated_indices,
-        outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads] in grace.capture)
-        output_container=origin.output_container,
-        aliases=origin.aliases,
-        pool_positions=origin.pool_positions,
-        static_indices=origin.static_indices,
-        static_ptrs=static_pointers(args, origin.static_indices),
-        summary=origin.summary,
-        copy_bytes=origin.copy_bytes,
-        _dense_placeholders={i: dense_view(p) for i, p in placeholders.items()},
-        borrowed=borrowed,
-        _layouts=dict(origin._layouts),
-        output_refs=[],
-        output_bytes=0,  # the origin's outputs: counted once, with the origin
-        static_spans=storage_spans(args, origin.static_indices),
-        capture_spans=dict(origin.capture_spans),
-        origin=origin,
-    )
+    return CapturedGraph.rebound_from(origin, RawGraph(clone, graph_exec, origin.device), args)

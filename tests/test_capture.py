@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
+from tests import fakes
+from tests.fakes import CountingReplay
 
 
 def test_fresh_placeholders_have_the_inputs_layout_at_other_addresses() -> None:
@@ -75,14 +77,6 @@ def test_borrowing_needs_one_storage_per_input_and_cuda_tensors() -> None:
     assert borrow_blocker([torch.zeros(2), torch.zeros(2)], (0, 1), ()) == "input 0 is not a CUDA tensor"
 
 
-class _FakeReplay:
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-
-
 class _CopyingPlan:
     """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies input 1 (an alignment
     fallback): ``update`` says so through ``uncovered_indices``."""
@@ -103,21 +97,15 @@ class _CopyingPlan:
 
 
 def _borrowed_graph(plan: Any, capture_args: list[torch.Tensor]) -> CapturedGraph:
-    return CapturedGraph(
-        graph=_FakeReplay(),
-        device=torch.device("cpu"),
-        placeholders={},
-        copy_indices=(0, 1),
-        mutated_indices=(),
+    return fakes.captured_graph(
+        CountingReplay(),
+        placeholders=dict(enumerate(capture_args)),
         outputs=[torch.zeros(3)],
         output_container="single",
-        aliases=(),
-        static_indices=(),
         static_ptrs=[None, None],
-        summary=None,
         pi_plan=plan,
         borrowed=True,
-        _layouts={i: (t.size(), tuple(t.stride()), t.dtype) for i, t in enumerate(capture_args)},
+        count_outputs=False,
     )
 
 

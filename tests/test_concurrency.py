@@ -21,10 +21,10 @@ import grace.capture
 import grace.decide
 import grace.runner
 from grace import pools, stats
-from grace.capture import CapturedGraph, output_refs, pool_output_bytes
+from grace.capture import CapturedGraph
 from grace.options import GraceOptions
 from grace.runner import GraceRunner, RunnerPlan
-from grace.scg import Variant
+from tests import fakes
 
 CPU = torch.device("cpu")
 
@@ -53,13 +53,12 @@ def _graph(x: torch.Tensor, name: str, log: list[str], delay: float = 0.0) -> Ca
     placeholder = torch.zeros_like(x)
     static_out = torch.zeros_like(x)
     outputs: list[Any] = [static_out]
-    return CapturedGraph(
-        graph=_StandIn(name, static_out, placeholder, log, delay), device=CPU,
-        placeholders={1: placeholder}, copy_indices=(1,), mutated_indices=(), outputs=outputs,
-        output_container="list", aliases=(), static_indices=(), static_ptrs=[None, None, None],
-        summary=None, _dense_placeholders={1: placeholder},
-        output_refs=output_refs(outputs, (), CPU), output_bytes=pool_output_bytes(outputs, (), CPU),
-    )  # fmt: skip
+    return fakes.captured_graph(
+        _StandIn(name, static_out, placeholder, log, delay),
+        placeholders={1: placeholder},
+        outputs=outputs,
+        static_ptrs=[None, None, None],
+    )
 
 
 @pytest.fixture
@@ -67,23 +66,19 @@ def make_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple
     """``make_runner(delay=..., **options)``: a runner whose deciding call captures a ``_graph`` per
     signature; every call is a new compiled call (Dynamo's generation count)."""
     generations = itertools.count(1)
-    monkeypatch.setattr(grace.runner, "run_on_side_stream", lambda fn, args, device: fn(*args))
+    fakes.cpu_warmup(monkeypatch)
     monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(generations))
     stats.forget_all()
 
     def make(delay: float = 0.0, **options: Any) -> tuple[GraceRunner, list[str]]:
         log: list[str] = []
 
-        def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
+        def capture(facts: Any, args: Sequence[Any]) -> CapturedGraph:
             name = f"g{sum(1 for e in log if e.startswith('capture'))}"
             log.append(f"capture {name}")
-            slot.graph = _graph(args[1], name, log, delay)
-            slot.note_graphs()
-            slot.record.variant = Variant.GRAPH_COPIES
-            slot.run = slot._run_copies
-            return slot.run(args)
+            return _graph(args[1], name, log, delay)
 
-        monkeypatch.setattr(grace.decide, "decide", capturing_decide)
+        fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
         plan = RunnerPlan("h", device=CPU, static_indices=(), dynamic_indices=(1,), scalar_indices=(2,))
         return GraceRunner(lambda w, x, n: [x * 2], plan, GraceOptions(**options), None), log
 
@@ -347,29 +342,25 @@ def test_reset_releases_every_graph_and_a_held_pool_once_its_outputs_are_dropped
 def test_a_graph_serving_a_second_thread_counts_the_tensors_it_handed_out_before() -> None:
     """Note: [Outputs and threads]: two outputs view one buffer; the graph handed out its own tensors
     (uncountable) before a second thread came; from then on whoever holds them counts as a holder."""
-    from grace.capture import HELD, HELD_NONE
+    from grace.capture import HeldState
 
     base = torch.zeros(4, 4)
     outputs: list[Any] = [base[:2], base[0]]
     del base  # alive through the views, as an Inductor buffer whose views are the outputs
-    graph = CapturedGraph(
-        graph=None, device=CPU, placeholders={}, copy_indices=(), mutated_indices=(), outputs=outputs,
-        output_container="tuple", aliases=(), static_indices=(), static_ptrs=[], summary=None,
-        output_refs=output_refs(outputs, (), CPU), output_bytes=pool_output_bytes(outputs, (), CPU),
-    )  # fmt: skip
+    graph = fakes.captured_graph(None, placeholders={}, outputs=outputs, output_container="tuple")
     del outputs
     graph.note_replay(1)  # this thread's call got the graph's own tensors
     handed = graph.outputs[0]
-    assert _in_thread(lambda: graph.held_outputs(2)) == HELD  # another thread: ``handed`` is held
+    assert _in_thread(lambda: graph.held_outputs(2)) == HeldState.HELD  # another thread: ``handed`` is held
     assert graph.threads_shared and graph.outputs[0] is not handed
     assert graph.outputs[0].data_ptr() == handed.data_ptr()
     del handed
-    assert _in_thread(lambda: graph.held_outputs(3)) == HELD_NONE
+    assert _in_thread(lambda: graph.held_outputs(3)) == HeldState.NONE
     out = graph.collect_outputs([], clone=False)  # aliases from now on
     assert out[0] is not graph.outputs[0]
-    assert graph.held_outputs(4) == HELD  # by anyone, this thread too
+    assert graph.held_outputs(4) == HeldState.HELD  # by anyone, this thread too
     del out
-    assert graph.held_outputs(4) == HELD_NONE
+    assert graph.held_outputs(4) == HeldState.NONE
 
 
 def test_a_threads_first_call_makes_the_primary_context_current_once(monkeypatch: pytest.MonkeyPatch) -> None:
