@@ -16,9 +16,10 @@ through the ``SlotDecision`` it returns (Note: [Slot states] in grace.runner).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -88,3 +89,15 @@ class SlotFacts:
         """Whether captures of this slot keep a copy of their graph for grace.rebind."""
         plan = self.plan
         return self.options.rebind and bool(plan.static_indices) and not plan.random_ops
+
+
+class SlotOwner(Protocol):
+    """What a slot (grace.slot) uses of the runner that owns it (grace.runner.GraceRunner)."""
+
+    callable_id: int
+    compiled: Callable[..., Any]
+    plan: RunnerPlan
+    options: GraceOptions
+    lock: threading.RLock
+
+    def decision_key(self, signature_text: str, candidates: Sequence[Variant]) -> DecisionKey | None: ...

@@ -22,23 +22,19 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from grace import decide as deciding
 from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
+from grace.picking import Picker, picker
 from grace.reasons import SkipCode, SkipReason, log_once
-from grace.rerun import CallStart
-from grace.runplan import SlotFacts
+from grace.rerun import CallStart, input_versions
+from grace.runplan import RunnerPlan, SlotFacts, SlotOwner
 from grace.scg import Decision, Variant, outputs_match
 from grace.variants import VariantSpec, spec_of
 from grace.verify import check_against_reference, graph_health, synchronize
-
-if TYPE_CHECKING:
-    from grace.runner import GraceRunner, _RecentSlot
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +46,6 @@ class SlotState(enum.Enum):
     GRAPH = "graph"  # steady: replays ``graph`` through ``spec``
     NO_GRAPH = "no_graph"  # steady: the no-graph callable, the reason in the record
     RELEASED = "released"  # grace.reset or eviction: starts over on its next call
-
-
-def _versions_of(args: Sequence[Any]) -> list[int | None]:
-    out: list[int | None] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            try:
-                out.append(a._version)
-            except RuntimeError:  # inference tensors track no version
-                out.append(None)
-        else:
-            out.append(None)
-    return out
 
 
 @dataclass
@@ -78,7 +61,7 @@ class _KeptGraph:
 class GraphSlot:
     """One input signature of one callable: its state, its graph and its stats record."""
 
-    def __init__(self, runner: GraceRunner, signature_text: str) -> None:
+    def __init__(self, runner: SlotOwner, signature_text: str) -> None:
         self.runner = runner
         device = runner.plan.device
         self.record = grace_stats.new_record(
@@ -102,7 +85,7 @@ class GraphSlot:
         self.rebind_blocked = False
         # The runner's check that a call has this slot's signature (built on the slot's first call;
         # stays None where this torch has no C++ tensor check).
-        self.recent: _RecentSlot | None = None
+        self.recent: RecentSlot | None = None
 
     def run(self, args: Sequence[Any]) -> Any:
         """One call of the slot, by its state."""
@@ -125,7 +108,7 @@ class GraphSlot:
             signature_text=self.signature_text,
             mutated=tuple(sorted(self.mutated)),
             previous=self.decision,
-            decision_key=lambda candidates: runner.decision_key(self, candidates),
+            decision_key=lambda candidates: runner.decision_key(self.signature_text, candidates),
         )
 
     def _enter(self, state: SlotState, variant: Variant) -> None:
@@ -286,11 +269,11 @@ class GraphSlot:
             return self.decide(args)
         self.warmups_left -= 1
         self.record.calls += 1
-        before = _versions_of(args)
+        before = input_versions(args)
         device = self.runner.plan.device
         assert device is not None
         out = run_on_side_stream(self.runner.compiled, args, device)
-        after = _versions_of(args)
+        after = input_versions(args)
         for i, (b, a) in enumerate(zip(before, after, strict=True)):
             if b is not None and a is not None and a != b:
                 self.mutated.add(i)
@@ -469,3 +452,42 @@ class GraphSlot:
         self.drop_for_mismatch(self.record.variant, "deciding call's replay", problem)
         start.restore()
         return self.runner.compiled(*args)
+
+
+class RecentSlot:
+    """The slot of the last call, with a check that this call has its signature without rebuilding it.
+
+    The tensor check (``torch_compat.tensor_metadata_check``) is stricter than the signature (it also
+    compares device, dispatch keys and requires_grad), so a match always means the same signature and a
+    mismatch only sends the call down the full path. Scalars are compared with their types, as in the
+    signature."""
+
+    __slots__ = ("_check", "_scalar_values", "_scalars", "_tensors", "slot")
+
+    def __init__(
+        self,
+        slot: GraphSlot,
+        check: Callable[..., bool],
+        tensors: Picker,
+        scalars: Picker,
+        scalar_values: tuple[tuple[type, Any], ...],
+    ) -> None:
+        self.slot = slot
+        self._check = check
+        self._tensors = tensors
+        self._scalars = scalars
+        self._scalar_values = scalar_values
+
+    @classmethod
+    def build(cls, plan: RunnerPlan, args: Sequence[Any], slot: GraphSlot) -> RecentSlot | None:
+        tensors = picker(plan.dynamic_indices)
+        check = torch_compat.tensor_metadata_check(tensors(args))
+        if check is None:
+            return None
+        scalars = picker(plan.scalar_indices)
+        return cls(slot, check, tensors, scalars, tuple((type(v), v) for v in scalars(args)))
+
+    def matches(self, args: Sequence[Any]) -> bool:
+        if self._scalar_values and tuple((type(v), v) for v in self._scalars(args)) != self._scalar_values:
+            return False
+        return bool(self._check(*self._tensors(args)))

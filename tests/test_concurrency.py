@@ -20,6 +20,8 @@ import torch
 import grace.capture
 import grace.decide
 import grace.runner
+import grace.slot
+import grace.streams
 from grace import pools, stats
 from grace.capture import CapturedGraph
 from grace.options import GraceOptions
@@ -67,7 +69,7 @@ def make_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple
     signature; every call is a new compiled call (Dynamo's generation count)."""
     generations = itertools.count(1)
     fakes.cpu_warmup(monkeypatch)
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(generations))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: next(generations))
     stats.forget_all()
 
     def make(delay: float = 0.0, **options: Any) -> tuple[GraceRunner, list[str]]:
@@ -232,8 +234,8 @@ def test_a_run_on_another_stream_waits_for_the_previous_runs_stream_first(
     """Note: [Stream order]: a lone graph (no family) too; the wait comes before the input copy."""
     log: list[str] = []
     streams = {"now": _Stream("a", log)}
-    monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"], raising=False)
-    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]), raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream", lambda device: streams["now"], raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream_key", lambda device: id(streams["now"]), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
     real_copy = grace.capture.torch_compat.foreach_copy
 
@@ -273,8 +275,8 @@ class _Plan:
 def test_a_pi_run_on_another_stream_waits_before_its_table_update(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
     streams = {"now": _Stream("a", log)}
-    monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"], raising=False)
-    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]), raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream", lambda device: streams["now"], raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream_key", lambda device: id(streams["now"]), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
     x = torch.ones(2, 3)
     graph = _graph(x, "g", log)

@@ -162,10 +162,10 @@ def each_run_is_a_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
     generation each time, so Note: [Outputs held within one call] never applies."""
     import itertools
 
-    import grace.runner
+    import grace.slot
 
     counter = itertools.count(1)
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(counter))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: next(counter))
 
 
 def _inputs() -> list[torch.Tensor]:

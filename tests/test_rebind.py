@@ -14,6 +14,8 @@ import torch
 import grace.capture
 import grace.decide
 import grace.runner
+import grace.slot
+import grace.streams
 from grace import stats
 from grace.analysis import random_ops
 from grace.capture import CapturedGraph, CaptureError, StorageSpan
@@ -168,8 +170,8 @@ def test_replays_of_a_family_on_another_stream_wait_for_the_last_one(monkeypatch
             log.append(f"{self.name} waits for {other.name}")
 
     streams = {"now": _Stream("s1")}
-    monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"])
-    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]))
+    monkeypatch.setattr(grace.streams, "current_stream", lambda device: streams["now"])
+    monkeypatch.setattr(grace.streams, "current_stream_key", lambda device: id(streams["now"]))
     origin = _captured(log, [torch.zeros(4)])
     other = _rebound(origin, log, "a")
     for graph in (origin, other):  # the same stream: in order already
@@ -253,7 +255,7 @@ def layered_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Layered]:
     fakes.cpu_warmup(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the one stream")
     monkeypatch.setattr(
-        grace.runner.torch_compat,
+        grace.slot.torch_compat,
         "compiled_call_generation",
         lambda: len(log) if generation[0] is None else generation[0],
     )

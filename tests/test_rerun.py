@@ -115,7 +115,7 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(grace.slot, "run_on_side_stream", lambda fn, args, device: fn(*args))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     counter = itertools.count(1)
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(counter))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: next(counter))
     torch._dynamo.reset()
     stats.forget_all()
     yield

@@ -11,6 +11,7 @@ import torch
 
 import grace.decide
 import grace.runner
+import grace.slot
 from grace import stats
 from grace.decide import SlotDecision
 from grace.options import GraceOptions
@@ -272,7 +273,7 @@ def _held_output_runner(
         )
 
     fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: generation[0])
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
     cpu = torch.device("cpu")
     plan = RunnerPlan("h", device=cpu, static_indices=(), dynamic_indices=(1,), scalar_indices=(2,))
     runner = GraceRunner(lambda w, x, n: [x * 2], plan, GraceOptions(**options), None)
