@@ -51,7 +51,13 @@ class Variant(str, enum.Enum):
 
     @property
     def uses_graph(self) -> bool:
-        return self in (Variant.GRAPH_COPIES, Variant.GRAPH_PI)
+        return uses_graph(self)
+
+
+def uses_graph(variant: Any) -> bool:
+    """Whether ``variant`` replays a graph: every variant but ``pending`` and ``no_graph`` (the graph
+    variants are grace.variants' specs, registered by their ``Variant``)."""
+    return getattr(variant, "value", variant) not in (Variant.PENDING.value, Variant.NO_GRAPH.value)
 
 
 class DecisionSource(str, enum.Enum):
@@ -159,11 +165,12 @@ def medians(samples: Mapping[Variant, Sequence[float]]) -> dict[Variant, float]:
 
 
 def choose(medians_ms: Mapping[Variant, float]) -> Variant:
-    """The variant with the smallest median; ties go to the earlier variant in ``Variant`` order."""
+    """The variant with the smallest median; ties go to the earlier variant in ``Variant`` order (a
+    variant of another enum, registered in grace.variants, after those)."""
     if not medians_ms:
         raise ValueError("choose() needs at least one timed variant")
     rank = {v: i for i, v in enumerate(Variant)}
-    return min(medians_ms, key=lambda v: (medians_ms[v], rank[v]))
+    return min(medians_ms, key=lambda v: (medians_ms[v], rank.get(v, len(rank))))
 
 
 # --- numeric check -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grace.reasons import SkipReason
-from grace.scg import Decision, Variant
+from grace.scg import Decision, Variant, uses_graph
 
 
 @dataclass
@@ -61,7 +61,7 @@ class GraphStats:
 
     def kernel_launches_per_call(self) -> int | None:
         """Launches (kernels, memsets, memcpys) outside any graph in one steady-state call."""
-        if self.variant in (Variant.NO_GRAPH, Variant.PENDING):
+        if not uses_graph(self.variant):
             return self.launch_nodes
         return self.copy_launches_per_replay
 
@@ -83,9 +83,9 @@ class GraphStats:
             "calls": self.calls,
             "graph_launches": self.graph_calls,
             "graph_launches_per_call": self.graph_launches_per_call(),
-            "steady_graph_launches_per_call": 1 if self.variant.uses_graph else 0,
+            "steady_graph_launches_per_call": 1 if uses_graph(self.variant) else 0,
             "kernel_launches_per_call": self.kernel_launches_per_call(),
-            "copy_bytes_per_replay": self.copy_bytes_per_replay if self.variant.uses_graph else 0,
+            "copy_bytes_per_replay": self.copy_bytes_per_replay if uses_graph(self.variant) else 0,
             "pi_bytes_per_replay": self.pi_bytes_per_replay,
             "pi_stages": [list(s) for s in self.pi_stages],
             "copy_fallback_calls": self.copy_fallback_calls,

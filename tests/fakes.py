@@ -6,6 +6,8 @@ bookkeeping can be tested on CPU.
 - stand-in CUDA graphs: ``WritesOutput`` (writes twice its placeholder into its output),
   ``ReplaysCallable`` (replays a callable on what the captured graph reads), ``LoggedGraph`` (logs its
   replays and resets), ``CountingReplay``;
+- ``fake_capture``: stands for ``grace.capture.capture_graph`` (a real ``CapturedGraph`` replaying the
+  callable on its placeholders);
 - stand-ins of a whole ``CapturedGraph`` for the slot alone: ``SlotGraph`` and its subclasses;
 - stand-ins of the deciding call and of a rebind: ``decides_no_graph``, ``decides_graph``,
   ``no_rebind``; ``cpu_warmup`` runs warm-up calls in place of grace's side stream.
@@ -21,7 +23,7 @@ import torch
 
 import grace.decide
 import grace.slot
-from grace.capture import CapturedGraph, HeldState, OutputAlias
+from grace.capture import CapturedGraph, HeldState, OutputAlias, placeholders_for
 from grace.decide import Rebound, SlotDecision
 from grace.runplan import SlotFacts
 from grace.scg import Variant
@@ -129,6 +131,46 @@ class ReplaysCallable:
 
     def reset(self) -> None:
         pass
+
+
+def fake_capture(
+    fn: Any,
+    args: Sequence[Any],
+    *,
+    device: torch.device,
+    dynamic_indices: Sequence[int],
+    static_indices: Sequence[int],
+    mutated_indices: Sequence[int],
+    hooks: Sequence[Any] = (),
+    placeholders: Mapping[int, torch.Tensor] | None = None,
+    borrow_inputs: bool = False,
+    keep_pristine: bool = False,
+) -> CapturedGraph:
+    """A capture runs nothing (kernels are recorded, not executed): the outputs' layouts come from a run
+    on clones of the inputs, with the generators as they were."""
+    held = placeholders_for(args, dynamic_indices, placeholders)
+    state = torch.get_rng_state()
+    clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    result = fn(*clones)
+    torch.set_rng_state(state)
+    outs = list(result) if isinstance(result, (list, tuple)) else [result]
+    graph = ReplaysCallable(fn, args)
+    captured = captured_graph(
+        graph,
+        placeholders=held,
+        mutated_indices=tuple(i for i in mutated_indices if i in held),
+        outputs=[torch.empty_like(o) for o in outs],
+        output_container="tuple"
+        if isinstance(result, tuple)
+        else "list"
+        if isinstance(result, list)
+        else "single",
+        static_indices=tuple(static_indices),
+        static_ptrs=[a.data_ptr() if i in static_indices else None for i, a in enumerate(args)],
+        count_outputs=False,
+    )
+    graph.owner = captured
+    return captured
 
 
 class SlotGraph:

@@ -25,12 +25,10 @@ import grace.variants
 from grace import stats
 from grace.analysis import InputAnalysis
 from grace.backend import GraceBackend
-from grace.capture import CapturedGraph, placeholders_for
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.scg import Variant
 from tests import fakes
-from tests.fakes import ReplaysCallable
 
 
 @torch.library.custom_op("grace_rerun_test::scale", mutates_args=("x",))
@@ -41,46 +39,6 @@ def _scale_(x: torch.Tensor, factor: float) -> None:
 @_scale_.register_fake
 def _scale_fake(x: torch.Tensor, factor: float) -> None:
     return None
-
-
-def fake_capture(
-    fn: Any,
-    args: Sequence[Any],
-    *,
-    device: torch.device,
-    dynamic_indices: Sequence[int],
-    static_indices: Sequence[int],
-    mutated_indices: Sequence[int],
-    hooks: Sequence[Any] = (),
-    placeholders: Mapping[int, torch.Tensor] | None = None,
-    borrow_inputs: bool = False,
-    keep_pristine: bool = False,
-) -> CapturedGraph:
-    """A capture runs nothing (kernels are recorded, not executed): the outputs' layouts come from a run
-    on clones of the inputs, with the generators as they were."""
-    held = placeholders_for(args, dynamic_indices, placeholders)
-    state = torch.get_rng_state()
-    clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    result = fn(*clones)
-    torch.set_rng_state(state)
-    outs = list(result) if isinstance(result, (list, tuple)) else [result]
-    graph = ReplaysCallable(fn, args)
-    captured = fakes.captured_graph(
-        graph,
-        placeholders=held,
-        mutated_indices=tuple(i for i in mutated_indices if i in held),
-        outputs=[torch.empty_like(o) for o in outs],
-        output_container="tuple"
-        if isinstance(result, tuple)
-        else "list"
-        if isinstance(result, list)
-        else "single",
-        static_indices=tuple(static_indices),
-        static_ptrs=[a.data_ptr() if i in static_indices else None for i, a in enumerate(args)],
-        count_outputs=False,
-    )
-    graph.owner = captured
-    return captured
 
 
 def fake_timing(
@@ -110,7 +68,7 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(torch_compat, "cuda_available", lambda: True)
     monkeypatch.setattr(torch_compat, "compile_with_inductor", lambda gm, inputs, record, **_: gm.forward)
     monkeypatch.setattr(grace.backend, "_environment", lambda device: None)
-    monkeypatch.setattr(grace.variants, "capture_graph", fake_capture)
+    monkeypatch.setattr(grace.variants, "capture_graph", fakes.fake_capture)
     monkeypatch.setattr(grace.decide, "time_variants", fake_timing)
     monkeypatch.setattr(grace.slot, "run_on_side_stream", lambda fn, args, device: fn(*args))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
