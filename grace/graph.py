@@ -28,8 +28,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,69 +41,54 @@ from grace.cudagraph import GraphSummary
 from grace.outputs import (
     HeldState,
     OutputAlias,
+    OutputFamily,
     _pool_outputs,
     _pool_outputs_all,
-    _storage_ptr,
     output_refs,
     pool_output_bytes,
 )
-from grace.placeholders import StorageSpan, dense_view, static_pointers, storage_spans
+from grace.placeholders import Bindings, Layout, StorageSpan, static_pointers, storage_spans
 from grace.seam import PIPlan
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
+class PristineCopy:
+    """What grace.rebind starts from: the captured graph before any hook edited it (a ``cuGraph_t`` the
+    family's pool release destroys; None for a rebound graph or where this torch keeps no captured
+    graph), the spans of the static inputs, and what the capture read for each dynamic input
+    (placeholders or, borrowed, the caller's inputs)."""
+
+    handle: int | None = None
+    static_spans: dict[int, StorageSpan] = field(default_factory=dict)
+    capture_spans: dict[int, StorageSpan] = field(default_factory=dict)
+
+
+@dataclass
 class CapturedGraph:
-    """An instantiated graph with its placeholders and static outputs."""
+    """An instantiated graph with its bindings, its outputs and their family, and its pristine copy.
+
+    ``outputs``: what the compiled callable returned, as a list (``output_container``: ``"tuple"``,
+    ``"list"`` or ``"single"``); ``pool_positions``: the outputs the graph wrote in its pool, the only ones
+    ``clone_outputs`` copies and replays hand out as aliases (None: every output on the device but the
+    views of dynamic inputs); ``output_bytes``: the bytes of their storages this graph counts as held (a
+    rebound graph counts none: they are its origin's). ``family`` is read on ``outputs_owner``."""
 
     graph: Any
     device: torch.device
-    placeholders: dict[int, torch.Tensor]
-    copy_indices: tuple[int, ...]
-    mutated_indices: tuple[int, ...]
+    bindings: Bindings
     outputs: list[Any]
-    output_container: str  # "tuple", "list" or "single": what the compiled callable returned
+    output_container: str
     aliases: tuple[OutputAlias, ...]
-    static_indices: tuple[int, ...]
-    static_ptrs: list[int | None]
-    summary: GraphSummary | None
+    summary: GraphSummary | None = None
     summary_error: str | None = None
-    copy_bytes: int = 0
     pi_plan: PIPlan | None = None
-    # Outputs the graph wrote in its pool: the only ones ``clone_outputs`` copies and replays hand out as
-    # aliases (views of the caller's inputs and of static inputs are returned as views, as eager does);
-    # None: every output on the device but the views of dynamic inputs.
     pool_positions: frozenset[int] | None = None
-    _dense_placeholders: dict[int, torch.Tensor] = field(default_factory=dict)
-    # Captured on the caller's inputs: no placeholders yet; the layouts to make them from when needed.
-    borrowed: bool = False
-    _layouts: dict[int, tuple[torch.Size, tuple[int, ...], torch.dtype]] = field(default_factory=dict)
-    # Note: [Outputs held within one call]: weak references to the outputs' storages in the graph's pool,
-    # each with the use count the graph's own tensors give it; the compiled call of the last replay through
-    # the runner; the call from which replays hand out aliases of the outputs (None: the outputs).
-    output_refs: list[tuple[Any, int]] = field(default_factory=list)
-    output_bytes: int = 0  # bytes of the outputs' storages in the graph's pool, held as long as the graph
-    last_generation: int | None = None
-    aliases_since: int | None = None
-    last_writer: int | None = None  # id() of the graph whose replay wrote the outputs last
-    last_stream: Any = None  # the stream of the family's last run (Note: [Stream order]) and its handle
-    last_stream_key: int | None = None
-    # Note: [Outputs and threads]: the thread whose call the last replay served; whether the outputs have
-    # served several threads (then every replay needs them all dropped).
-    last_thread: int | None = None
-    threads_shared: bool = False
-    # grace.rebind: the captured graph before any hook edited it (a cuGraph_t this object destroys), the
-    # spans of the static inputs and of what the capture read for each dynamic input (placeholders or,
-    # borrowed, the caller's inputs); a graph rebound from another has that one as ``origin`` and shares
-    # its pool, placeholders, outputs and held-output state; ``sharers`` counts those of an origin.
-    pristine: int | None = None
-    static_spans: dict[int, StorageSpan] = field(default_factory=dict)
-    capture_spans: dict[int, StorageSpan] = field(default_factory=dict)
-    origin: CapturedGraph | None = None
-    sharers: int = 0
-    _pool_release_pending: bool = False
-    _pool_released: bool = False
+    output_bytes: int = 0
+    family: OutputFamily = field(default_factory=OutputFamily)
+    rebinding: PristineCopy = field(default_factory=PristineCopy)
+    origin: CapturedGraph | None = None  # the captured graph this one was rebound from
     _output_spans: list[tuple[int, int]] | None = None
 
     @classmethod
@@ -123,7 +106,7 @@ class CapturedGraph:
         static_indices: tuple[int, ...],
         static_ptrs: list[int | None],
         borrowed: bool = False,
-        layouts: Mapping[int, tuple[torch.Size, tuple[int, ...], torch.dtype]] | None = None,
+        layouts: Mapping[int, Layout] | None = None,
         pi_plan: PIPlan | None = None,
         origin: CapturedGraph | None = None,
         count_outputs: bool = True,
@@ -135,36 +118,31 @@ class CapturedGraph:
     ) -> CapturedGraph:
         """A graph from what its capture (or rebind) found.
 
-        ``placeholders``: what the graph reads for each dynamic input; a ``borrowed`` graph read the
-        caller's inputs and keeps none of them, only their ``layouts`` (taken from ``placeholders`` when
-        not given). ``count_outputs``: the outputs live in this graph's pool and count as held by it (a
-        graph rebound from ``origin`` writes the origin's and counts none)."""
-        if borrowed and layouts is None:
-            layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
-        kept = {} if borrowed else dict(placeholders)
+        ``placeholders``: what the graph reads for each dynamic input (``Bindings.of``; a ``borrowed``
+        graph keeps only their layouts). ``count_outputs``: the outputs live in this graph's pool and
+        count as held by it (a graph rebound from ``origin`` writes the origin's and counts none)."""
+        bindings = Bindings.of(
+            placeholders,
+            copy_indices=copy_indices,
+            mutated_indices=mutated_indices,
+            static_indices=static_indices,
+            static_ptrs=static_ptrs,
+            copy_bytes=copy_bytes,
+            borrowed=borrowed,
+            layouts=layouts,
+        )
         return cls(
             graph=graph,
             device=device,
-            placeholders=kept,
-            copy_indices=copy_indices,
-            mutated_indices=mutated_indices,
+            bindings=bindings,
             outputs=outputs,
             output_container=output_container,
             aliases=aliases,
-            static_indices=static_indices,
-            static_ptrs=static_ptrs,
-            summary=None,
-            copy_bytes=copy_bytes,
             pi_plan=pi_plan,
             pool_positions=pool_positions,
-            _dense_placeholders={i: dense_view(p) for i, p in kept.items()},
-            borrowed=borrowed,
-            _layouts=dict(layouts) if borrowed and layouts is not None else {},
-            output_refs=output_refs(outputs, aliases, device) if count_outputs else [],
             output_bytes=pool_output_bytes(outputs, aliases, device) if count_outputs else 0,
-            pristine=pristine,
-            static_spans=dict(static_spans or {}),
-            capture_spans=dict(capture_spans or {}),
+            family=OutputFamily(refs=output_refs(outputs, aliases, device) if count_outputs else []),
+            rebinding=PristineCopy(pristine, dict(static_spans or {}), dict(capture_spans or {})),
             origin=origin,
         )
 
@@ -173,192 +151,135 @@ class CapturedGraph:
         """A graph of ``origin``'s family (grace.rebind): ``graph`` reads the static inputs where ``args``
         has them and, like ``origin``, its placeholders (a graph captured on the caller's inputs gets
         placeholders of its own when a call needs a copy), and writes ``origin``'s pool and outputs."""
-        borrowed = bool(origin._layouts)
-        origin.sharers += 1
+        own = origin.bindings
+        borrowed = bool(own.layouts)
+        origin.family.sharers += 1
         rebound = cls.assemble(
             graph=graph,
             device=origin.device,
-            placeholders={} if borrowed else dict(origin.placeholders),
-            copy_indices=origin.copy_indices,
-            mutated_indices=origin.mutated_indices,
+            placeholders={} if borrowed else dict(own.placeholders),
+            copy_indices=own.copy_indices,
+            mutated_indices=own.mutated_indices,
             outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads])
             output_container=origin.output_container,
             aliases=origin.aliases,
             pool_positions=origin.pool_positions,
-            static_indices=origin.static_indices,
-            static_ptrs=static_pointers(args, origin.static_indices),
-            copy_bytes=origin.copy_bytes,
+            static_indices=own.static_indices,
+            static_ptrs=static_pointers(args, own.static_indices),
+            copy_bytes=own.copy_bytes,
             borrowed=borrowed,
-            layouts=origin._layouts,
-            static_spans=storage_spans(args, origin.static_indices),
-            capture_spans=origin.capture_spans,
+            layouts=own.layouts,
+            static_spans=storage_spans(args, own.static_indices),
+            capture_spans=origin.rebinding.capture_spans,
             origin=origin,
             count_outputs=False,  # the origin's outputs: counted once, with the origin
         )
         rebound.summary = origin.summary
         return rebound
 
-    def own_placeholders(self) -> dict[int, int]:
-        """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses.
+    # --- what the bindings, the family and the pristine copy hold, by their old names ---------------
 
-        Only a graph whose every read of a dynamic input goes through PI's table may lack them (nothing
-        in it reads a captured address), so the new ones serve every later copy."""
-        self.placeholders = {
-            i: torch.empty_strided(size, stride, dtype=dtype, device=self.device)
-            for i, (size, stride, dtype) in self._layouts.items()
-        }
-        self._dense_placeholders = {i: dense_view(p) for i, p in self.placeholders.items()}
-        self.borrowed = False
-        return {i: int(p.data_ptr()) for i, p in self.placeholders.items()}
+    @property
+    def placeholders(self) -> dict[int, torch.Tensor]:
+        return self.bindings.placeholders
+
+    @property
+    def copy_indices(self) -> tuple[int, ...]:
+        return self.bindings.copy_indices
+
+    @property
+    def mutated_indices(self) -> tuple[int, ...]:
+        return self.bindings.mutated_indices
+
+    @property
+    def static_indices(self) -> tuple[int, ...]:
+        return self.bindings.static_indices
+
+    @property
+    def static_ptrs(self) -> list[int | None]:
+        return self.bindings.static_ptrs
+
+    @property
+    def copy_bytes(self) -> int:
+        return self.bindings.copy_bytes
+
+    @property
+    def borrowed(self) -> bool:
+        return self.bindings.borrowed
+
+    @property
+    def output_refs(self) -> list[tuple[Any, int]]:
+        return self.family.refs
+
+    @property
+    def last_generation(self) -> int | None:
+        return self.family.last_generation
+
+    @last_generation.setter
+    def last_generation(self, value: int | None) -> None:
+        self.family.last_generation = value
+
+    @property
+    def last_stream(self) -> Any:
+        return self.family.last_stream
+
+    @property
+    def threads_shared(self) -> bool:
+        return self.family.threads_shared
+
+    @property
+    def sharers(self) -> int:
+        return self.family.sharers
+
+    @sharers.setter
+    def sharers(self, value: int) -> None:
+        self.family.sharers = value
+
+    @property
+    def pristine(self) -> int | None:
+        return self.rebinding.handle
+
+    @property
+    def static_spans(self) -> dict[int, StorageSpan]:
+        return self.rebinding.static_spans
+
+    @property
+    def capture_spans(self) -> dict[int, StorageSpan]:
+        return self.rebinding.capture_spans
+
+    # --- replay -------------------------------------------------------------------------------
+
+    def own_placeholders(self) -> dict[int, int]:
+        """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses."""
+        return self.bindings.own_placeholders(self.device)
 
     def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
-        return torch_compat.data_ptrs_equal(args, self.static_ptrs, self.static_indices)
+        bindings = self.bindings
+        return torch_compat.data_ptrs_equal(args, bindings.static_ptrs, bindings.static_indices)
 
     def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
-        dsts = [self._dense_placeholders[i] for i in indices]
-        srcs = [dense_view(args[i]) for i in indices]
-        torch_compat.foreach_copy(dsts, srcs)
+        self.bindings.copy_in(args, indices)
+
+    def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        self.bindings.copy_back(args, indices)
 
     def order_streams(self) -> None:
         """Queue what follows on the current stream after all work queued so far on the stream of the
-        previous run of this graph or its family (Note: [Stream order])."""
-        owner = self.outputs_owner
+        previous run of this graph or its family (Note: [Stream order] in grace.streams)."""
+        family = self.outputs_owner.family
         key = streams.current_stream_key(self.device)
-        if key == owner.last_stream_key:
+        if key == family.last_stream_key:
             return  # the same stream (or no streams): in order already
         stream = streams.current_stream(self.device)
-        last = owner.last_stream
+        last = family.last_stream
         if last is not None:
             stream.wait_stream(last)
             streams.synchronize_device(self.device)  # reads queued on streams grace never saw are done too
-        owner.last_stream, owner.last_stream_key = stream, key
+        family.last_stream, family.last_stream_key = stream, key
 
     def replay(self) -> None:
         """One replay on the current stream (``run_with_copies``/``run_with_pi`` order it first)."""
         self.graph.replay()
-
-    @property
-    def outputs_owner(self) -> CapturedGraph:
-        """The graph whose outputs this one writes: itself, or the graph it was rebound from."""
-        return self.origin if self.origin is not None else self
-
-    @property
-    def shares_outputs(self) -> bool:
-        """Whether another graph (grace.rebind) writes this graph's outputs too."""
-        return self.origin is not None or self.sharers > 0
-
-    def would_overwrite_held_outputs(self, generation: int) -> bool:
-        """Whether replaying now, in compiled call ``generation``, could overwrite outputs of the last
-        replay of this graph, or of a graph sharing its outputs, that something still holds (Note:
-        [Outputs held within one call])."""
-        return self.held_outputs(generation) is not HeldState.NONE
-
-    def held_outputs(self, generation: int) -> HeldState:
-        """Whether a replay now, in compiled call ``generation``, would overwrite held outputs."""
-        owner = self.outputs_owner
-        if not owner.threads_shared and (
-            streams.calling_threads.several or owner.last_thread not in (None, threading.get_ident())
-        ):
-            self.share_across_threads()
-        if owner.threads_shared:  # Note: [Outputs and threads]
-            return HeldState.HELD if owner._outputs_counted_held() else HeldState.NONE
-        if generation != owner.last_generation:
-            return HeldState.NONE
-        if owner.aliases_since is None:
-            owner.aliases_since = generation
-            return HeldState.UNKNOWN
-        if generation == owner.aliases_since:
-            return HeldState.UNKNOWN
-        return HeldState.HELD if owner._outputs_counted_held() else HeldState.NONE
-
-    def _outputs_counted_held(self) -> bool:
-        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.output_refs)
-
-    def share_across_threads(self) -> None:
-        """Note: [Outputs and threads]: replace the graph's own output tensors by fresh ones over the same
-        storages (whoever holds the old ones now counts as a holder) and hand out aliases from now on.
-
-        The graphs of a family share one list of outputs (grace.rebind), replaced in place. Each storage's
-        own count becomes what it was at capture less the old tensors (with the bases of views) the graph
-        held on it, plus the fresh ones; where that cannot be matched it becomes 0 (always held).
-        """
-        owner = self.outputs_owner
-        owner.threads_shared = True
-        if owner.aliases_since is None:
-            owner.aliases_since = owner.last_generation if owner.last_generation is not None else 0
-        outputs = self.outputs
-        old = _pool_outputs_all(outputs, self.aliases, self.device)
-        keys = list(_pool_outputs(outputs, self.aliases, self.device))
-        old_impls: Counter[int] = Counter()
-        seen: set[int] = set()
-        for tensor in old.values():
-            for impl in (tensor, tensor._base):
-                if impl is not None and id(impl) not in seen:
-                    seen.add(id(impl))
-                    old_impls[_storage_ptr(impl)] += 1
-        fresh: dict[int, torch.Tensor] = {}
-        for position, tensor in old.items():
-            new = fresh.get(id(tensor))
-            if new is None:
-                new = fresh[id(tensor)] = tensor.detach()  # a new tensor of the storage, no view of the old
-            outputs[position] = new
-        new_impls = Counter(_storage_ptr(t) for t in fresh.values())
-        if len(keys) == len(owner.output_refs):
-            owner.output_refs = [
-                (ref, own - old_impls[key] + new_impls[key])
-                for (ref, own), key in zip(owner.output_refs, keys, strict=True)
-            ]
-        else:
-            owner.output_refs = [(ref, 0) for ref, _ in owner.output_refs]
-
-    def last_replayed_by_another(self) -> bool:
-        """Whether the last replay that wrote these outputs was another graph's (one rebound from the
-        same capture)."""
-        return self.outputs_owner.last_writer not in (None, id(self))
-
-    def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
-        """Whether an input at ``indices`` lies in the storage of one of this graph's outputs in its pool:
-        a layer's result handed to the next layer's piece (the outputs of a graph rebound from the same
-        capture share those storages, grace.rebind)."""
-        spans = self._output_spans
-        if spans is None:
-            found = _pool_outputs(self.outputs, self.aliases, self.device).values()
-            spans = self._output_spans = [(span.start, span.end) for span in map(StorageSpan.of, found)]
-        for i in indices:
-            a = args[i]
-            if isinstance(a, torch.Tensor):
-                ptr = a.data_ptr()
-                if any(start <= ptr < end for start, end in spans):
-                    return True
-        return False
-
-    def note_replay(self, generation: int) -> None:
-        owner = self.outputs_owner
-        owner.last_generation = generation
-        owner.last_writer = id(self)
-        owner.last_thread = threading.get_ident()
-
-    def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
-        outs = list(self.outputs)
-        pooled = self.pool_positions
-        if pooled is None:
-            pooled = self.pool_positions = frozenset(_pool_outputs_all(outs, self.aliases, self.device))
-        if clone:
-            outs = [o.clone() if i in pooled else o for i, o in enumerate(outs)]
-        elif self.outputs_owner.aliases_since is not None:
-            outs = [
-                o.as_strided(o.size(), o.stride(), o.storage_offset()) if i in pooled else o
-                for i, o in enumerate(outs)
-            ]
-        for alias in self.aliases:
-            real = args[alias.input_index]
-            static = outs[alias.position]
-            outs[alias.position] = real.as_strided(
-                static.size(), static.stride(), real.storage_offset() + alias.offset_delta
-            )
-        if self.output_container == "tuple":
-            return tuple(outs)
-        return outs[0] if self.output_container == "single" else outs
 
     def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
         """Graph with input copies: what PyTorch2-CG does on each call."""
@@ -385,9 +306,82 @@ class CapturedGraph:
             self.copy_back(args, [i for i in self.mutated_indices if i in copied])
         return self.collect_outputs(args, clone)
 
-    def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+    # --- outputs and their family ---------------------------------------------------------------
+
+    @property
+    def outputs_owner(self) -> CapturedGraph:
+        """The graph whose outputs this one writes: itself, or the graph it was rebound from."""
+        return self.origin if self.origin is not None else self
+
+    @property
+    def shares_outputs(self) -> bool:
+        """Whether another graph (grace.rebind) writes this graph's outputs too."""
+        return self.origin is not None or self.family.sharers > 0
+
+    def would_overwrite_held_outputs(self, generation: int) -> bool:
+        """Whether replaying now, in compiled call ``generation``, could overwrite outputs of the last
+        replay of this graph, or of a graph sharing its outputs, that something still holds (Note:
+        [Outputs held within one call] in grace.outputs)."""
+        return self.held_outputs(generation) is not HeldState.NONE
+
+    def held_outputs(self, generation: int) -> HeldState:
+        """Whether a replay now, in compiled call ``generation``, would overwrite held outputs."""
+        family = self.outputs_owner.family
+        if family.needs_sharing():
+            self.share_across_threads()
+        return family.held(generation)
+
+    def share_across_threads(self) -> None:
+        """Note: [Outputs and threads] in grace.outputs (``OutputFamily.share``)."""
+        self.outputs_owner.family.share(self.outputs, self.aliases, self.device)
+
+    def last_replayed_by_another(self) -> bool:
+        """Whether the last replay that wrote these outputs was another graph's (one rebound from the
+        same capture)."""
+        return self.outputs_owner.family.last_writer not in (None, id(self))
+
+    def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
+        """Whether an input at ``indices`` lies in the storage of one of this graph's outputs in its pool:
+        a layer's result handed to the next layer's piece (the outputs of a graph rebound from the same
+        capture share those storages, grace.rebind)."""
+        spans = self._output_spans
+        if spans is None:
+            found = _pool_outputs(self.outputs, self.aliases, self.device).values()
+            spans = self._output_spans = [(span.start, span.end) for span in map(StorageSpan.of, found)]
         for i in indices:
-            dense_view(args[i]).copy_(self._dense_placeholders[i])
+            a = args[i]
+            if isinstance(a, torch.Tensor):
+                ptr = a.data_ptr()
+                if any(start <= ptr < end for start, end in spans):
+                    return True
+        return False
+
+    def note_replay(self, generation: int) -> None:
+        self.outputs_owner.family.note_replay(generation, id(self))
+
+    def collect_outputs(self, args: Sequence[Any], clone: bool) -> Any:
+        outs = list(self.outputs)
+        pooled = self.pool_positions
+        if pooled is None:
+            pooled = self.pool_positions = frozenset(_pool_outputs_all(outs, self.aliases, self.device))
+        if clone:
+            outs = [o.clone() if i in pooled else o for i, o in enumerate(outs)]
+        elif self.outputs_owner.family.aliases_since is not None:
+            outs = [
+                o.as_strided(o.size(), o.stride(), o.storage_offset()) if i in pooled else o
+                for i, o in enumerate(outs)
+            ]
+        for alias in self.aliases:
+            real = args[alias.input_index]
+            static = outs[alias.position]
+            outs[alias.position] = real.as_strided(
+                static.size(), static.stride(), real.storage_offset() + alias.offset_delta
+            )
+        if self.output_container == "tuple":
+            return tuple(outs)
+        return outs[0] if self.output_container == "single" else outs
+
+    # --- release ------------------------------------------------------------------------------
 
     def release(self) -> None:
         """Drop the graph, its placeholders and static outputs; the pool is freed with the last of them.
@@ -403,31 +397,33 @@ class CapturedGraph:
                 logger.debug("grace: PI plan release failed", exc_info=True)
         self.pi_plan = None
         self.outputs = []  # first: what the caller holds is what keeps the pool (grace.pools)
-        self.placeholders = {}
-        self._dense_placeholders = {}
+        self.bindings.drop()
         origin, self.origin = self.origin, None
         if origin is not None:
             _reset(self.graph)  # the rebound executable graph; the pool is the origin's
-            origin.sharers -= 1
-            if origin.sharers == 0 and origin._pool_release_pending:
+            family = origin.family
+            family.sharers -= 1
+            if family.sharers == 0 and family.release_pending:
                 origin._release_pool()
-        elif self.sharers:
-            self._pool_release_pending = True
+        elif self.family.sharers:
+            self.family.release_pending = True
         else:
             self._release_pool()
 
     def _release_pool(self) -> None:
-        self._pool_release_pending = False
-        if self._pool_released:
+        family = self.family
+        family.release_pending = False
+        if family.released:
             return
-        self._pool_released = True
-        graph, pristine, self.pristine = self.graph, self.pristine, None
+        family.released = True
+        graph, pristine = self.graph, self.rebinding.handle
+        self.rebinding.handle = None
 
         def release_pool() -> None:
             _reset(graph)
             _destroy(pristine)
 
-        pools.release_when_unheld([ref for ref, _ in self.output_refs], release_pool)
+        pools.release_when_unheld([ref for ref, _ in family.refs], release_pool)
 
 
 def _reset(graph: Any) -> None:

@@ -47,13 +47,16 @@ Invariant: nothing here holds an output beyond the graph's own list; weak refere
 from __future__ import annotations
 
 import enum
+import threading
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from grace.compat import torch as torch_compat
+from grace.streams import calling_threads
 
 
 class HeldState(enum.Enum):
@@ -133,3 +136,92 @@ def pool_positions(
 
 def pool_output_bytes(outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device) -> int:
     return sum(int(t.untyped_storage().nbytes()) for t in _pool_outputs(outputs, aliases, device).values())
+
+
+@dataclass
+class OutputFamily:
+    """The state of one set of outputs in one pool: held outputs, stream order, the pool's lifetime.
+
+    The graphs that write one set of outputs (a captured graph and those grace.rebind made from it)
+    keep this state with the captured graph (``CapturedGraph.outputs_owner``). ``refs``: weak references
+    to the outputs' storages in the pool, each with the use count the graph's own tensors give it (Note:
+    [Outputs held within one call]); ``last_generation``: the compiled call of the last replay;
+    ``aliases_since``: the call from which replays hand out aliases of the outputs (None: the outputs
+    themselves); ``last_writer``: ``id()`` of the graph whose replay wrote them last; ``last_thread``,
+    ``threads_shared``: Note: [Outputs and threads]; ``last_stream``, ``last_stream_key``: the stream of
+    the last run (Note: [Stream order] in grace.streams); ``sharers``: graphs rebound from the captured
+    one; ``release_pending``, ``released``: the pool waits for the last sharer, or is gone."""
+
+    refs: list[tuple[Any, int]] = field(default_factory=list)
+    last_generation: int | None = None
+    aliases_since: int | None = None
+    last_writer: int | None = None
+    last_thread: int | None = None
+    threads_shared: bool = False
+    last_stream: Any = None
+    last_stream_key: int | None = None
+    sharers: int = 0
+    release_pending: bool = False
+    released: bool = False
+
+    def counted_held(self) -> bool:
+        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.refs)
+
+    def needs_sharing(self) -> bool:
+        """Whether the outputs are about to serve a second thread (Note: [Outputs and threads])."""
+        return not self.threads_shared and (
+            calling_threads.several or self.last_thread not in (None, threading.get_ident())
+        )
+
+    def held(self, generation: int) -> HeldState:
+        """What a replay now, in compiled call ``generation``, would meet (after ``needs_sharing``)."""
+        if self.threads_shared:  # Note: [Outputs and threads]
+            return HeldState.HELD if self.counted_held() else HeldState.NONE
+        if generation != self.last_generation:
+            return HeldState.NONE
+        if self.aliases_since is None:
+            self.aliases_since = generation
+            return HeldState.UNKNOWN
+        if generation == self.aliases_since:
+            return HeldState.UNKNOWN
+        return HeldState.HELD if self.counted_held() else HeldState.NONE
+
+    def note_replay(self, generation: int, writer: int) -> None:
+        self.last_generation = generation
+        self.last_writer = writer
+        self.last_thread = threading.get_ident()
+
+    def share(self, outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device) -> None:
+        """Note: [Outputs and threads]: replace the own output tensors by fresh ones over the same storages
+        (whoever holds the old ones now counts as a holder) and hand out aliases from now on.
+
+        The graphs of a family share one list of outputs (grace.rebind), replaced in place. Each storage's
+        own count becomes what it was at capture less the old tensors (with the bases of views) the graph
+        held on it, plus the fresh ones; where that cannot be matched it becomes 0 (always held).
+        """
+        self.threads_shared = True
+        if self.aliases_since is None:
+            self.aliases_since = self.last_generation if self.last_generation is not None else 0
+        old = _pool_outputs_all(outputs, aliases, device)
+        keys = list(_pool_outputs(outputs, aliases, device))
+        old_impls: Counter[int] = Counter()
+        seen: set[int] = set()
+        for tensor in old.values():
+            for impl in (tensor, tensor._base):
+                if impl is not None and id(impl) not in seen:
+                    seen.add(id(impl))
+                    old_impls[_storage_ptr(impl)] += 1
+        fresh: dict[int, torch.Tensor] = {}
+        for position, tensor in old.items():
+            new = fresh.get(id(tensor))
+            if new is None:
+                new = fresh[id(tensor)] = tensor.detach()  # a new tensor of the storage, no view of the old
+            outputs[position] = new
+        new_impls = Counter(_storage_ptr(t) for t in fresh.values())
+        if len(keys) == len(self.refs):
+            self.refs = [
+                (ref, own - old_impls[key] + new_impls[key])
+                for (ref, own), key in zip(self.refs, keys, strict=True)
+            ]
+        else:
+            self.refs = [(ref, 0) for ref, _ in self.refs]

@@ -21,10 +21,12 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from grace.compat import torch as torch_compat
 
 
 @dataclass(frozen=True)
@@ -109,3 +111,80 @@ def poison_placeholders(placeholders: Mapping[int, torch.Tensor]) -> None:
     """
     for p in placeholders.values():
         dense_view(p).zero_()
+
+
+Layout = tuple[torch.Size, tuple[int, ...], torch.dtype]  # size, strides, dtype of a placeholder
+
+
+@dataclass
+class Bindings:
+    """Where one graph reads its inputs: its placeholders and the static inputs' capture addresses.
+
+    ``copy_indices``: the dynamic inputs read through a placeholder (copied into it, unless PI points
+    the graph elsewhere); ``mutated_indices``: those of them the graph writes (copied back after a
+    replay). A ``borrowed`` graph was captured on the caller's inputs: it keeps none of them, only their
+    ``layouts``, and gets placeholders of its own when a call first needs one (``own_placeholders``)."""
+
+    placeholders: dict[int, torch.Tensor]
+    copy_indices: tuple[int, ...]
+    mutated_indices: tuple[int, ...]
+    static_indices: tuple[int, ...]
+    static_ptrs: list[int | None]
+    copy_bytes: int = 0
+    borrowed: bool = False
+    layouts: dict[int, Layout] = field(default_factory=dict)
+    dense: dict[int, torch.Tensor] = field(default_factory=dict)  # dense_view of each placeholder
+
+    @classmethod
+    def of(
+        cls,
+        placeholders: Mapping[int, torch.Tensor],
+        *,
+        copy_indices: tuple[int, ...],
+        mutated_indices: tuple[int, ...],
+        static_indices: tuple[int, ...],
+        static_ptrs: list[int | None],
+        copy_bytes: int = 0,
+        borrowed: bool = False,
+        layouts: Mapping[int, Layout] | None = None,
+    ) -> Bindings:
+        """Bindings over ``placeholders`` (a borrowed graph keeps only their layouts, or ``layouts``)."""
+        if borrowed and layouts is None:
+            layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
+        kept = {} if borrowed else dict(placeholders)
+        return cls(
+            placeholders=kept,
+            copy_indices=copy_indices,
+            mutated_indices=mutated_indices,
+            static_indices=static_indices,
+            static_ptrs=static_ptrs,
+            copy_bytes=copy_bytes,
+            borrowed=borrowed,
+            layouts=dict(layouts) if borrowed and layouts is not None else {},
+            dense={i: dense_view(p) for i, p in kept.items()},
+        )
+
+    def own_placeholders(self, device: torch.device) -> dict[int, int]:
+        """Give a borrowed graph placeholders of its own; returns their addresses.
+
+        Only a graph whose every read of a dynamic input goes through PI's table may lack them (nothing
+        in it reads a captured address), so the new ones serve every later copy."""
+        self.placeholders = {
+            i: torch.empty_strided(size, stride, dtype=dtype, device=device)
+            for i, (size, stride, dtype) in self.layouts.items()
+        }
+        self.dense = {i: dense_view(p) for i, p in self.placeholders.items()}
+        self.borrowed = False
+        return {i: int(p.data_ptr()) for i, p in self.placeholders.items()}
+
+    def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        torch_compat.foreach_copy([self.dense[i] for i in indices], [dense_view(args[i]) for i in indices])
+
+    def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        for i in indices:
+            dense_view(args[i]).copy_(self.dense[i])
+
+    def drop(self) -> None:
+        """Drop the references to the placeholders (shared ones stay with their other graphs)."""
+        self.placeholders = {}
+        self.dense = {}

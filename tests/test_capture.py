@@ -128,15 +128,9 @@ def test_a_borrowed_graph_gets_its_own_placeholders_when_a_call_needs_a_copy() -
 
 
 def _graph_with_outputs(outputs: list[Any], aliases: tuple[Any, ...] = ()) -> CapturedGraph:
-    from grace.capture import output_refs, pool_output_bytes
-
-    cpu = torch.device("cpu")
-    return CapturedGraph(
-        graph=None, device=cpu, placeholders={}, copy_indices=(), mutated_indices=(), outputs=outputs,
-        output_container="tuple", aliases=aliases, static_indices=(), static_ptrs=[],
-        summary=None, output_refs=output_refs(outputs, aliases, cpu),
-        output_bytes=pool_output_bytes(outputs, aliases, cpu),
-    )  # fmt: skip
+    return fakes.captured_graph(
+        None, placeholders={}, outputs=outputs, output_container="tuple", aliases=aliases
+    )
 
 
 def test_outputs_sharing_a_storage_are_one_held_storage_and_counted_once() -> None:
