@@ -30,12 +30,12 @@ Invariants:
 - a value is edited only where the scan found an address in a moved input's old storage, and becomes
   that address plus the input's move; nothing else of the graph changes;
 - a rebound graph replays on the caller's current stream, like torch's replay, after the stream of the
-  family's last run (Note: [Stream order] in grace.capture: they share intermediates), and is released with
+  family's last run (Note: [Stream order] in grace.streams: they share intermediates), and is released with
   ``CapturedGraph.release``, which resets the origin's torch graph (and so frees the pool) with the last
   graph of the family;
 - the runner compares a rebound graph's first replays with the no-graph callable (grace.verify), as for
   a captured one; graphs sharing outputs count as one graph for Note: [Outputs held within one call] in
-  grace.capture.
+  grace.outputs.
 
 Note: [Layers that hold each other's outputs]
 Sharing outputs pays only where a layer's outputs are dead before the next layer's graph replays

@@ -19,30 +19,32 @@ outputs, no deciding call) or captured again; a kept graph is used again when it
 This serves one compiled callable shared by several modules of one class, as cudagraph trees re-record.
 
 Note: [Slot states]
+A slot (``grace.slot.GraphSlot``) is in one ``SlotState``; ``GraphSlot.run`` dispatches on it:
 
-       first call                 warm-up calls left
-    ------------> WARMUP ------------------------------.
-                   |  ^  \___________________________/
-    deciding call  |  |  a write the analysis missed (decide again on the next call)
-                   v  |
-          +--------+--+----------------------------+
-          | SlotDecision applied by the slot        |
-          +----+------------------------------+----+
-               | a graph variant               | no graph (only candidate, slower,
-               v                               v  capture failed, random state unknown)
-             GRAPH ---- replay failed, ----> NO_GRAPH
-             |  ^       numeric mismatch,
-             |  |       too many recaptures
-             |  |  static inputs moved: a kept graph, a rebound graph (stay), or a new deciding
-             '--'  call; outputs held: this call without the graph (stay); a family's outputs
-                   held by another layer: a deciding call for a graph of its own
-    any state --- grace.reset, eviction ---> RELEASED --- next call ---> WARMUP
+                 warm-up call (run on the side stream, writes seen by version counters)
+                  .--.
+                  |  v
+    new slot --> WARMUP --- deciding call: grace.decide returns a SlotDecision ---.
+                  ^  ^                                                             |
+                  |  '--- PENDING: the first run wrote an input the analysis ------+
+                  |       missed (that run is the call; decide again next call)    |
+                  |                                                                |
+                  |         a graph variant (bound with its VariantSpec)           | NO_GRAPH
+                  |        .-------------------------------------------------------+ (one candidate,
+                  |        v                                                       | slower, failed)
+                  |      GRAPH --- replay failed, numeric mismatch, -------> NO_GRAPH
+                  |      |  ^      too many recaptures
+                  |      '--'  per call: static inputs moved (a kept graph, a rebound graph, or a
+                  |            new deciding call); outputs held (this call without the graph); a
+                  |            family's outputs held by another layer (a deciding call of its own)
+                  |
+               RELEASED <--- grace.reset, eviction (any state; the next call starts over)
 
 Threads and streams: one lock per compiled callable (``GraceRunner.lock``) is held for each call from
 the input check to the hand-out of the outputs, deciding calls, warm-up and checks included. Outputs
 another thread received are never overwritten while held (Note: [Outputs and threads] in
-grace.capture), a run on another stream waits for the stream of the graph's previous run (Note:
-[Stream order] in grace.capture), and a released graph's pool lives while its outputs are held
+grace.outputs), a run on another stream waits for the stream of the graph's previous run (Note:
+[Stream order] in grace.streams), and a released graph's pool lives while its outputs are held
 (grace.pools; the runner releases waiting pools at the start of each call). A thread whose first CUDA
 work is a call of a compiled callable gets the device's primary context made current first
 (``grace.compat.cuda.ensure_context_current``).
@@ -154,7 +156,7 @@ class GraceRunner:
 
     def __call__(self, *args: Any) -> Any:
         pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
-        calling_threads.note()  # Note: [Outputs and threads] in grace.capture
+        calling_threads.note()  # Note: [Outputs and threads] in grace.outputs
         if self._context_device is not None:
             cuda_compat.ensure_context_current(self._context_device)  # a thread's first call
         with self.lock:  # the whole call, from the input check to the outputs (module docstring)

@@ -122,20 +122,10 @@ class GraphSlot:
         self.record.calls += 1
         return self.runner.compiled(*args)
 
-    def _replay(self, args: Sequence[Any]) -> Callable[[Sequence[Any], bool], Any]:
-        graph, spec = self.graph, self.spec
-        assert graph is not None and spec is not None
-
-        def replay(call_args: Sequence[Any], clone: bool) -> Any:
-            return spec.replay(graph, call_args, clone)
-
-        return replay
-
     def _run_graph(self, args: Sequence[Any]) -> Any:
         """One call through the kept graph variant."""
-        graph = self.graph
-        assert graph is not None
-        replay = self._replay(args)
+        graph, spec = self.graph, self.spec
+        assert graph is not None and spec is not None
         if graph.static_indices and not graph.static_inputs_unmoved(args):
             return self._static_moved(args)
         if not self.runner.options.clone_outputs:
@@ -149,17 +139,18 @@ class GraphSlot:
         if self.verify_calls or self.verify_ptrs is not None:
             when = self._verification_due(args)
             if when:
-                return self._run_verified(args, replay, when)
+                return self._run_verified(args, graph, spec, when)
         self.record.calls += 1
         self.record.graph_calls += 1
         try:
-            return replay(args, self.runner.options.clone_outputs)
+            return spec.replay(graph, args, self.runner.options.clone_outputs)
         except Exception as exc:
             return self._replay_failed(args, exc)
 
     def _held_by_family(self, graph: CapturedGraph, args: Sequence[Any], held: HeldState) -> bool:
         """Whether outputs that another graph of ``graph``'s family wrote in this call are surely still
-        held: counted, or read by this very call (Note: [Layers that hold each other's outputs])."""
+        held: counted, or read by this very call (Note: [Layers that hold each other's outputs] in
+        grace.rebind)."""
         if not graph.last_replayed_by_another():
             return False
         return held is HeldState.HELD or graph.outputs_read_by(args, self.runner.plan.dynamic_indices)
@@ -188,8 +179,8 @@ class GraphSlot:
 
     def _run_outputs_held(self, args: Sequence[Any]) -> Any:
         """This call without the graph: a replay would overwrite outputs of the graph's previous replay
-        that may still be held, in the same compiled call (Note: [Outputs held within one call]) or by
-        another thread (Note: [Outputs and threads])."""
+        that may still be held, in the same compiled call (Note: [Outputs held within one call] in
+        grace.outputs) or by another thread (Note: [Outputs and threads] in grace.outputs)."""
         record = self.record
         record.calls += 1
         record.held_output_calls += 1
@@ -228,18 +219,17 @@ class GraphSlot:
             return "first replays after the decision"
         return ""
 
-    def _run_verified(self, args: Sequence[Any], run: Callable[[Sequence[Any], bool], Any], when: str) -> Any:
+    def _run_verified(self, args: Sequence[Any], graph: CapturedGraph, spec: VariantSpec, when: str) -> Any:
         if self._inputs_moved(args):
             self.verify_ptrs = None  # the move check is done for this graph
         self.verify_calls = max(0, self.verify_calls - 1)
-        graph = self.graph
         variant = self.record.variant
         self.record.calls += 1
         self.record.graph_calls += 1
         clone = self.runner.options.clone_outputs
         try:
             out, problem, reference = check_against_reference(
-                lambda: run(args, clone),
+                lambda: spec.replay(graph, args, clone),
                 self.runner.compiled,
                 args,
                 sorted(self.mutated),

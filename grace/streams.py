@@ -104,8 +104,8 @@ def run_on_side_stream(fn: Callable[..., Any], args: Sequence[Any], device: torc
     """Run ``fn(*args)`` on grace's side stream, ordered after and before the current stream's work.
 
     The warm-up call runs here, on the stream that captures; the cuBLAS workspace it allocated for that
-    stream is dropped afterwards (Note: [cuBLAS workspaces]), so the no-graph runs that follow on the
-    caller's stream reuse its memory instead of holding a second one beside it.
+    stream is dropped afterwards (Note: [cuBLAS workspaces] in grace.capture), so the no-graph runs that
+    follow on the caller's stream reuse its memory instead of holding a second one beside it.
     """
     with _side_stream_lock:  # Note: [One side stream]
         stream = side_stream(device)
