@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import CountingReplay
 
 from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
-from tests import fakes
-from tests.fakes import CountingReplay
 
 
 def test_fresh_placeholders_have_the_inputs_layout_at_other_addresses() -> None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
 
@@ -26,7 +27,6 @@ from grace import pools, stats
 from grace.capture import CapturedGraph
 from grace.options import GraceOptions
 from grace.runner import GraceRunner, RunnerPlan
-from tests import fakes
 
 CPU = torch.device("cpu")
 

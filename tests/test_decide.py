@@ -11,8 +11,10 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import ReplaysCallable
 
 import grace.decide
 import grace.variants
@@ -21,8 +23,6 @@ from grace.capture import CapturedGraph, placeholders_for
 from grace.options import GraceOptions
 from grace.runner import GraceRunner, GraphSlot, RunnerPlan
 from grace.scg import DecisionSource, Variant
-from tests import fakes
-from tests.fakes import ReplaysCallable
 
 
 class FakePlan:

@@ -8,8 +8,10 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import LoggedGraph
 
 import grace.capture
 import grace.decide
@@ -26,8 +28,6 @@ from grace.pi.scan import CopyNode
 from grace.rebind import REBIND_ALIGNMENT, edits_for, moves
 from grace.runner import GraceRunner, RunnerPlan
 from grace.scg import Variant
-from tests import fakes
-from tests.fakes import LoggedGraph
 
 MB = 1 << 20
 

@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
 
@@ -28,7 +29,6 @@ from grace.backend import GraceBackend
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.scg import Variant
-from tests import fakes
 
 
 @torch.library.custom_op("grace_rerun_test::scale", mutates_args=("x",))

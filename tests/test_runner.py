@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import SlotGraph
 
 import grace.decide
 import grace.runner
@@ -18,8 +20,6 @@ from grace.options import GraceOptions
 from grace.reasons import SkipCode, SkipReason
 from grace.runner import GraceRunner, RunnerPlan, describe_signature
 from grace.scg import Variant
-from tests import fakes
-from tests.fakes import SlotGraph
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
 
@@ -24,7 +25,6 @@ from grace.runner import GraceRunner, RunnerPlan
 from grace.runplan import SlotFacts
 from grace.scg import Variant, uses_graph
 from grace.variants import REGISTRY, VariantSpec, register, unregister
-from tests import fakes
 
 
 class ToyVariant(str, enum.Enum):  # the one enum value

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import SlotGraph
 
 from grace import stats
 from grace.options import GraceOptions
@@ -17,7 +18,6 @@ from grace.pi.plan import PiPlan, StageLog
 from grace.runner import GraceRunner, GraphSlot, RunnerPlan
 from grace.scg import Variant
 from grace.verify import check_against_reference
-from tests.fakes import SlotGraph
 
 
 @pytest.fixture(autouse=True)
