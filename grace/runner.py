@@ -136,10 +136,10 @@ class GraceRunner:
         graphs_possible = plan.skip is None and device is not None and device.type == "cuda"
         self._context_device: int | None = (device.index or 0) if graphs_possible and device else None
         if plan.skip is not None:
+            device_text = str(plan.device) if plan.device else "none"
             record = grace_stats.new_record(
-                self.callable_id, plan.graph_hash, "*", str(plan.device) if plan.device else "none"
+                self.callable_id, plan.graph_hash, "*", device_text, Variant.NO_GRAPH
             )
-            record.variant = Variant.NO_GRAPH
             record.add_skip(plan.skip)
             log_once(plan.skip, f"compiled graph {plan.graph_hash}")
             self._skip_record = record

@@ -106,8 +106,11 @@ _fallbacks: Counter[str] = Counter()
 _next_id = 0
 
 
-def new_record(callable_id: int, graph_hash: str, signature: str, device: str) -> GraphStats:
-    """Create and register the record of a new graph slot."""
+def new_record(
+    callable_id: int, graph_hash: str, signature: str, device: str, variant: Variant = Variant.PENDING
+) -> GraphStats:
+    """Create and register the record of a new graph slot (``variant``: ``no_graph`` for a callable that
+    gets no slots; a slot writes its own from then on)."""
     global _next_id
     with _lock:
         _next_id += 1
@@ -117,6 +120,7 @@ def new_record(callable_id: int, graph_hash: str, signature: str, device: str) -
             graph_hash=graph_hash,
             signature=signature,
             device=device,
+            variant=variant,
         )
         _records[record.graph_id] = record
     return record
