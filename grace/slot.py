@@ -11,9 +11,9 @@ A graph variant runs through its ``VariantSpec`` (grace.variants). Graphs made f
 addresses are kept aside (``_KeptGraph``) and used again when those addresses come back; a rebind
 (grace.rebind) makes one from the current graph without a deciding call.
 
-Invariants: those of Note: [Slot states] in grace.runner; in particular the state is ``GRAPH`` exactly
-when ``graph`` and ``spec`` are set, and every transition goes through ``_enter``, ``set_no_graph`` or
-``release``.
+Invariants: those of Note: [Slot states] in grace.runner; in particular ``graph`` and ``spec`` are set
+whenever the state is ``GRAPH``, the record's variant changes only in ``_enter`` (with the state), and
+nothing outside this class writes a slot's state, graph or safety net.
 """
 
 from __future__ import annotations
