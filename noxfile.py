@@ -9,7 +9,8 @@
 - ``matrix``: selects cells (``-- --tag nightly``, ``-- --cell torch-2.4``; default: the matrix's
   default tag), queues their sessions, then ``dashboard`` and last ``summary --check``, which fails
   (so ``nox -s matrix`` exits non-zero) with one line per broken cell: a result failing against
-  expected.toml, a test that failed without recording its result, a run that crashed or hit its deadline.
+  expected.toml, a test that failed without recording its result, a run that crashed or hit its deadline;
+  it closes with the verdict block (ok or the broken cells, each failing since when, and where to look).
 - ``published``: the committed exports (``results/*.jsonl``) in a fresh store, then
   ``docs/COMPATIBILITY.md`` and the dashboard (``site/``) from it.
 - ``tests``, ``lint``, ``summary``, ``dashboard``.
@@ -39,7 +40,6 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from matrix.cells import CellKind, CellSpec, Installer, Matrix, load_matrix  # noqa: E402 (stdlib + packaging)
-from matrix.commands import COMMAND_MODULES  # noqa: E402
 from matrix.errors import ConfigError  # noqa: E402
 
 try:
@@ -111,8 +111,7 @@ def matrix(session: nox.Session) -> None:
             session.log(f"passing over {spec.id}: {exclusion.reason}")
             continue
         session.notify(f"cell({spec.id})", posargs=pytest_args)
-    if "dashboard" in COMMAND_MODULES:
-        session.notify("dashboard", posargs=[])  # not the matrix's own arguments
+    session.notify("dashboard", posargs=[])  # not the matrix's own arguments
     # Last, after every cell ran: the runs of the label, and a failure with one line per broken cell.
     session.notify("summary", posargs=["--label", label, "--check"])
     session.log(f"queued {len(selected)} cell session(s), then the dashboard and the summary: they run next")
@@ -134,8 +133,6 @@ def summary(session: nox.Session) -> None:
 @nox.session(reuse_venv=True)
 def dashboard(session: nox.Session) -> None:
     """Render the static dashboards from the store."""
-    if "dashboard" not in COMMAND_MODULES:
-        session.skip("the dashboards have not landed yet (no `grace-matrix dashboard` command)")
     _install_project(session)
     session.run("grace-matrix", "dashboard", *session.posargs)
 
@@ -182,11 +179,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, mypy on grace/ and matrix/."""
+    """ruff check, ruff format --check, mypy on the packages [tool.mypy] lists."""
     session.install("-e", ".[lint]", "pytest")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("mypy", "grace", "matrix")
+    session.run("mypy")  # [tool.mypy] packages
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -296,7 +293,7 @@ def _record(session: nox.Session, python: str, spec: CellSpec, args: list[str]) 
     """``grace-matrix run`` for the cell, in its interpreter, with the project importable from here."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if args[0] != "--install-failed":
-        session.run(python, "-m", "matrix.cli", "run", "--cell", spec.id, *args, env=env, external=True)
+        session.run(python, "-m", "matrix_cli", "run", "--cell", spec.id, *args, env=env, external=True)
         return
     message_file = Path(session.create_tmp()) / f"install-failure-{spec.id}.txt"
     message_file.write_text(args[1])
@@ -305,7 +302,7 @@ def _record(session: nox.Session, python: str, spec: CellSpec, args: list[str]) 
         command = [
             interpreter,
             "-m",
-            "matrix.cli",
+            "matrix_cli",
             "run",
             "--cell",
             spec.id,

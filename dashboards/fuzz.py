@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.regressions.observations import RunInfo
+from matrix.readmodel import RunInfo
 from matrix.store.models import CorrectnessResult, Workload
 from suites.fuzz import DETAILS_FORMAT, WORKLOAD
 

@@ -38,7 +38,7 @@ from dashboards.site import HEADLINES, PI_STAGES, SUITES, RunDigest, Site, slug
 from matrix.compatibility import PART_HELP
 from matrix.errors import ConfigError
 from matrix.outfiles import public_mode
-from matrix.regressions.observations import RunInfo
+from matrix.readmodel import RunInfo, aware
 from matrix.text import xml_text
 
 log = logging.getLogger(__name__)
@@ -63,24 +63,20 @@ def _pvalue(value: float | None) -> str:
     return f"{value:.2g}"
 
 
-def _aware(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
-
-
 def _iso(value: dt.datetime) -> str:
-    return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _rfc3339(value: dt.datetime) -> str:
-    return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _day(value: dt.datetime) -> str:
-    return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d")
+    return aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d")
 
 
 def _minute(value: dt.datetime) -> str:
-    return _aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return aware(value).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _xml_value(value: Any) -> Any:

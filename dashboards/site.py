@@ -9,10 +9,12 @@ and a compact raw pass for the per-run comparison data), runs regression detecti
 every cell (``matrix.regressions.report.detect``), builds each workload's page with its history charts
 (``dashboards.workloads``), builds the compatibility table (``matrix.compatibility.build_table``, as
 docs/COMPATIBILITY.md does) and returns frozen view objects. ``dashboards.render`` turns them into
-files; nothing here writes.
-Every run shown is a logical run (``matrix.regressions.logical``): the runs of one cell sharing a label
-are one row of the grid, one point of a history, one side of a comparison, with, per key, the results of
-the latest of them that recorded it.
+files; nothing here writes. A cell broken against expected.toml says since when
+(``report.CellReport.failing_since``, computed on the matrix side; the grid row adds the run before it, so
+the index can link the change that broke it).
+Every run shown is a logical run selected by the read model (``matrix.readmodel.select_runs``): the runs of
+one cell sharing a label are one row of the grid, one point of a history, one side of a comparison, with, per
+key, the results of the latest of them that recorded it.
 
 Invariants: no torch import; only data from the store; every string from a test stays a plain string here
 (escaping is the templates' job, with autoescape on).
@@ -31,13 +33,14 @@ from sqlalchemy.orm import Session
 
 from dashboards.fuzz import FuzzRow, fuzz_rows
 from dashboards.workloads import HistoryChart, WorkloadView, check_slugs, slug, workload_views
+from matrix import readmodel
 from matrix.compatibility import CompatibilityTable, build_table
+from matrix.readmodel import RunInfo
 from matrix.regressions import loader, logical, pairwise, report, status
 from matrix.regressions.observations import (
     PASSING_STATUS,
     RUN_SUBJECT,
     TEST_FAILURES,
-    RunInfo,
     Suite,
     natural_key,
 )
@@ -95,6 +98,8 @@ class GridRow:
     regressions: int
     synthetic: bool
     tests: SuiteSummary | None = None  # the tests suite: failures no result explains, the run's end
+    failing_since: RunInfo | None = None  # broken against expected.toml: the first run of the streak
+    before_failing: RunInfo | None = None  # the run of the cell key just before that streak, if any
 
     @property
     def broken(self) -> bool:
@@ -102,7 +107,7 @@ class GridRow:
 
     @property
     def anchor(self) -> str:
-        return "cell-" + slug(self.run.cell_key)
+        return self.run.anchor
 
     @property
     def outcomes_state(self) -> str:
@@ -223,7 +228,7 @@ def _synthetic_cells(session: Session) -> set[str]:
 
 def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest], int]:
     """One compact pass over every result row: per-run comparison rows and status counts (of each logical
-    run, merged by ``logical.merge_latest``)."""
+    run, merged by ``readmodel.merge_latest``)."""
     rows: dict[int, list[list[Any]]] = defaultdict(list)
     total = 0
     for model, suite in ((CorrectnessResult, "correctness"), (PerformanceResult, "performance")):
@@ -244,7 +249,7 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
         total += 1
     digests = []
     for run in runs:
-        merged = logical.merge_latest(run, rows, lambda r: (r[0], r[1], r[2]))
+        merged = readmodel.merge_latest(run, rows, lambda r: (r[0], r[1], r[2]))
         counts = Counter(r[3] for r in merged)
         digests.append(RunDigest(run, sorted(merged, key=lambda r: r[:3]), dict(counts)))
     return digests, total
@@ -273,11 +278,20 @@ def _blame(findings: Sequence[status.StatusFinding]) -> Counter[Suite]:
     return blamed
 
 
+def _before(runs: Sequence[RunInfo], run: RunInfo | None) -> RunInfo | None:
+    """The run of ``run``'s cell key just before it in history (``runs`` in history order)."""
+    if run is None:
+        return None
+    earlier = [r for r in runs if r.cell_key == run.cell_key and r.order < run.order]
+    return earlier[-1] if earlier else None
+
+
 def _grid(
     reports: Sequence[report.CellReport],
     medians: dict[int, dict[pairwise.PerfKey, float]],
     outcomes: dict[int, Counter[str]],
     synthetic: set[str],
+    runs: Sequence[RunInfo] = (),
 ) -> list[GridRow]:
     grid = []
     for cell in reports:
@@ -307,6 +321,8 @@ def _grid(
                 regressions=len(cell.regressions),
                 synthetic=cell.run.cell_key in synthetic,
                 tests=summary[Suite.TESTS],
+                failing_since=cell.failing_since,
+                before_failing=_before(runs, cell.failing_since),
             )
         )
     return grid  # in the order of the report: natural order of cell ids
@@ -319,7 +335,7 @@ def _pi_rows(
     for row in loader.load_pi_rows(session, [pk for r in latest for pk in r.pks]):
         per_pk[row.run_pk].append(row)
     merged = [
-        (r, row) for r in latest for row in logical.merge_latest(r, per_pk, lambda x: (x.subject, x.stage))
+        (r, row) for r in latest for row in readmodel.merge_latest(r, per_pk, lambda x: (x.subject, x.stage))
     ]
     stacks: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for r in latest:
@@ -386,7 +402,8 @@ def _gpu(run: RunInfo) -> str:
 
 def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None = None) -> Site:
     """Everything the pages show, from the store behind ``session``."""
-    runs = logical.group_runs(loader.load_runs(session))
+    every = readmodel.Selection(pick=readmodel.Pick.LOGICAL)
+    runs = readmodel.select_runs(readmodel.load_runs(session), every)
     medians = logical.merge_medians(session, runs, loader.load_perf_medians(session))
     detected = (
         report.detect(session, thresholds, runs=runs, medians=medians)
@@ -424,7 +441,7 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
     return Site(
         generated_at=now or dt.datetime.now(dt.timezone.utc),
         runs=tuple(runs),
-        grid=tuple(_grid(detected.cells, medians, outcomes, synthetic)),
+        grid=tuple(_grid(detected.cells, medians, outcomes, synthetic, runs)),
         regressions=tuple(regressions),
         improvements=tuple(improvements),
         pi_rows=tuple(_pi_rows(session, latest, detected.cells)),

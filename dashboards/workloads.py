@@ -18,8 +18,6 @@ Invariants: no torch import; only data from the store; strings from the store st
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,13 +26,13 @@ from typing import Any, NamedTuple
 from markupsafe import Markup
 
 from dashboards.charts import PALETTE, Point, Series, StepMark, Suspect, history_chart
+from matrix.readmodel import CellKey, RunInfo
 from matrix.regressions import history, pairwise, report
-from matrix.regressions.observations import CellKey, RunInfo, Suite, natural_key
+from matrix.regressions.observations import Suite, natural_key
 from matrix.regressions.thresholds import Thresholds
+from matrix.text import slug
 from suites.options import MODE_NAMES
 
-_HASH_DIGITS = 16
-_HASHED = re.compile(rf"-[0-9a-f]{{{_HASH_DIGITS}}}$")
 _SPAN_STEPS = 4  # a panel's y range spans at least this many threshold-sized steps (noise at true size)
 
 
@@ -48,17 +46,6 @@ class LatestRow(NamedTuple):
     median: float | None
     regressions: tuple[str, ...] = ()
     regressed_suites: frozenset[str] = frozenset()  # suites whose cell is never shown green
-
-
-def slug(name: str) -> str:
-    """A file name for ``name``, readable and injective: a name made of ``[A-Za-z0-9_.-]`` (at most 80,
-    not starting with a dot) is its own slug; any other name is its readable part plus ``-`` and 16 hex
-    digits of its SHA-1. A name that itself ends like a hashed slug is hashed too, so a name kept as it is
-    never equals the slug of another name (``slug("mlp large") != slug(slug("mlp large"))``)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-    if safe != name or safe.startswith(".") or not safe or _HASHED.search(name):
-        safe = f"{safe.lstrip('.')}-{hashlib.sha1(name.encode()).hexdigest()[:_HASH_DIGITS]}"
-    return safe
 
 
 def check_slugs(names: Sequence[str]) -> None:

@@ -14,15 +14,19 @@ the same input shapes and dtypes (strides and addresses may differ: the same gra
 with other shapes leaves them alone. Clone what you keep across calls, or set
 ``GraceOptions(clone_outputs=True)``.
 
-``import grace`` registers the ``"grace"`` backend with Dynamo when torch is installed (installed
-distributions also register it through the ``torch_dynamo_backends`` entry point) and imports the
-rest lazily; ``grace`` never imports ``suites``, ``matrix`` or ``dashboards``.
+The ``"grace"`` backend is registered with Dynamo by importing ``grace.backend``: ``import grace`` does
+that when torch is already imported; otherwise Dynamo finds the backend through the installed
+distribution's ``torch_dynamo_backends`` entry point on the first ``torch.compile(backend="grace")``.
+So ``import grace`` never imports torch itself, and torch-free readers (the store, the dashboards)
+may use grace's torch-free modules (``grace.pi_contract``, ``grace.options``). Everything else is
+imported lazily; ``grace`` never imports ``suites``, ``matrix`` or ``dashboards``.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any
 
 from grace.options import GraceOptions, GraceOptionsError
@@ -92,13 +96,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _register() -> None:
-    if importlib.util.find_spec("torch") is None:
-        return
-    from grace.backend import grace_backend, reset_runtime
-    from grace.compat import torch as torch_compat
-
-    torch_compat.register_backend("grace", grace_backend)
-    torch_compat.install_dynamo_reset_hook(reset_runtime)
+    """Register the backend now when torch is imported (see the module docstring for the other case)."""
+    if "torch" in sys.modules:
+        importlib.import_module("grace.backend")  # registers "grace" and the Dynamo reset hook
 
 
 _register()

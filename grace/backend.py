@@ -5,14 +5,15 @@ graph and expects a callable back. Three techniques from other packages plug in 
 PI inside capture, SCG in the runner), each of which may be missing or fail on a given torch, Triton or
 CUDA; the backend must still return a correct callable and say what it declined and why.
 
-Design (DESIGN 3.1): ``compile_graph`` runs ``grace.cgct.transform`` (any failure is recorded and the
+Design (DESIGN 3.1): CGCT and PI are loaded by name through ``grace.seams`` (an import failure costs
+only that technique). ``compile_graph`` runs ``grace.cgct.transform`` (any failure is recorded and the
 original graph compiled), analyses inputs and mutations (``grace.analysis``), compiles with
 ``compile_fx`` and ``triton.cudagraphs`` off (the inner compile's ``cudagraphs`` box forced False), and
 wraps the result in a ``GraceRunner`` behind a ``GuardedRunner``. Static inputs are taken from Dynamo's
 marks on the inputs, not from the inner compile, so warm Inductor caches that skip the inner compile
 change nothing. ``GraceBackend`` carries options (``grace.compile``); ``grace_backend`` is the
-registered name ``"grace"`` and takes ``options=`` from ``torch.compile``. Both have ``reset()``, which
-``torch._dynamo.reset()`` calls.
+registered name ``"grace"`` (registered when this module is imported) and takes ``options=`` from
+``torch.compile``. Both have ``reset()``, which ``torch._dynamo.reset()`` calls.
 
 Invariant: the backend never raises for its own failures, at compile time or during a call (Note:
 [The backend never raises for its own failures]); it raises for user errors (invalid options, a model
@@ -22,7 +23,6 @@ that raises in eager too) and for Inductor's failures on Dynamo's own graph.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from grace import stats as grace_stats
+from grace.adapting import InputAdapting
 from grace.analysis import InputAnalysis, analyze_inputs, graph_effects
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
@@ -39,6 +40,7 @@ from grace.options import GraceOptions, GraceOptionsError
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.runner import Environment, GraceRunner, RunnerPlan
 from grace.scg import Variant
+from grace.seams import load_seam
 
 logger = logging.getLogger(__name__)
 
@@ -85,22 +87,6 @@ def _publish(info: CompiledGraphInfo) -> None:
             sink.append(info)
 
 
-# --- seams -------------------------------------------------------------------------------------
-
-
-def load_seam(package: str, *attributes: str) -> tuple[Any, SkipReason | None]:
-    """Import ``grace.<package>`` and check it has ``attributes``; (module, None) or (None, reason)."""
-    code = SkipCode.CGCT_UNAVAILABLE if package == "cgct" else SkipCode.PI_UNAVAILABLE
-    try:
-        module = importlib.import_module(f"grace.{package}")
-    except Exception as exc:
-        return None, SkipReason(code, f"grace.{package} not available: {type(exc).__name__}: {exc}")
-    missing = [a for a in attributes if not callable(getattr(module, a, None))]
-    if missing:
-        return None, SkipReason(code, f"grace.{package} not available: it has no {', '.join(missing)}()")
-    return module, None
-
-
 def _environment(device: torch.device) -> Environment:
     driver = cuda_compat.driver_version()
     return Environment(
@@ -135,7 +121,7 @@ class _Stage:
 
     gm: torch.fx.GraphModule
     example_inputs: list[Any]
-    adapter: Callable[[list[Any]], list[Any]] | None = None
+    adapter: InputAdapting | None = None
     diagnoses: list[Any] = field(default_factory=list)
     note: SkipReason | None = None
     transformed: bool = False
@@ -314,23 +300,30 @@ class SafePath:
     def __init__(
         self,
         compiled: CountedCallable,
-        adapter: Callable[[list[Any]], list[Any]] | None,
+        adapter: InputAdapting | None,
         eager: Callable[..., Any],
     ) -> None:
         self.compiled = compiled
         self.adapter = adapter
         self.eager = eager
+        self.lock = threading.Lock()  # grace.adapting: one call at a time through an adapter
 
     def __call__(self, args: Sequence[Any]) -> Any:
-        if self.adapter is None:
+        adapter = self.adapter
+        if adapter is None:
             return self.compiled(*args)
-        try:
-            adapted = self.adapter(list(args))
-        except Exception as exc:
-            reason = SkipReason(SkipCode.RUNNER_FAILED, f"CGCT's adapter raised {type(exc).__name__}: {exc}")
-            log_once(reason, "safe path: the graph as Dynamo traced it, run eagerly", logging.WARNING)
-            return self.eager(*args)
-        return self.compiled(*adapted)
+        with self.lock:
+            try:
+                adapted = adapter(list(args))
+            except Exception as exc:
+                reason = SkipReason(
+                    SkipCode.RUNNER_FAILED, f"CGCT's adapter raised {type(exc).__name__}: {exc}"
+                )
+                log_once(reason, "safe path: the graph as Dynamo traced it, run eagerly", logging.WARNING)
+                return self.eager(*args)
+            out = self.compiled(*adapted)
+            adapter.returned(out)
+            return out
 
 
 class GuardedRunner:
@@ -453,3 +446,15 @@ def reset_runtime() -> None:
 
 
 grace_backend.reset = reset_runtime  # type: ignore[attr-defined]
+
+
+def _register() -> None:
+    """Register ``grace_backend`` as ``"grace"`` and make ``torch._dynamo.reset()`` reset grace too.
+
+    Runs once, when this module is first imported: by ``import grace`` with torch imported, or by Dynamo
+    loading the ``torch_dynamo_backends`` entry point (then the name is Dynamo's already)."""
+    torch_compat.register_backend("grace", grace_backend)
+    torch_compat.install_dynamo_reset_hook(reset_runtime)
+
+
+_register()

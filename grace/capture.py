@@ -2,7 +2,7 @@
 
 Problem: a CUDA graph replays fixed addresses, so a capture must read the dynamic inputs from
 placeholders (grace.placeholders), find which outputs live in the graph's pool and which view an input
-(grace.outputs), let PI edit the graph before instantiation (grace.seam), and leave nothing behind
+(grace.outputs), let PI edit the graph before instantiation (Note: [PI seam]), and leave nothing behind
 when it fails.
 
 Design: ``capture_graph`` warms nothing up (the runner has already run the callable once on the
@@ -21,6 +21,13 @@ Invariants:
 - no graph reads a cuBLAS workspace outside its own pool (Note: [cuBLAS workspaces]);
 - placeholders can be shared between the graphs of one deciding call (``placeholders=...``; the rule
   in grace.placeholders); a capture on the caller's inputs (``borrow_inputs``) keeps none.
+
+Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
+``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
+the pointer table now points at ``inputs`` for every index not in ``plan.uncovered_indices`` (those are
+still copied into their placeholders); False means the plan has pointed every slot at its placeholder and
+the runner copies all dynamic inputs this call. A plan of a graph captured on the caller's inputs also
+has ``rebase_placeholders(addresses)``: the runner calls it when such a graph first needs placeholders.
 
 Note: [cuBLAS workspaces]
 cuBLAS keeps a workspace per (handle, stream), allocated on a stream's first
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,6 +67,7 @@ from grace.outputs import (
     pool_output_bytes,
     pool_positions,
 )
+from grace.pi_contract import PIPlan
 from grace.placeholders import (
     StorageSpan,
     dense_view,
@@ -69,7 +78,6 @@ from grace.placeholders import (
     storage_spans,
 )
 from grace.reasons import SkipCode, SkipReason
-from grace.seam import CaptureContext, GraphHook, PIPlan
 from grace.streams import (
     CallingThreads,
     _side_stream_lock,
@@ -112,6 +120,40 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CaptureContext:
+    """What PI (and any other graph editor) sees of a graph between capture and instantiation.
+
+    Attributes:
+        graph_handle: the ``cudaGraph_t`` as an int; valid only during the hook call.
+        placeholders: input index -> the static tensor whose address the graph captured for it.
+        dynamic_input_indices: indices of the callable's tensor inputs that change between calls.
+        compiled: the Inductor-compiled callable that was captured.
+        output_codes: Inductor ``OutputCode`` objects of the forward graph (the generated module with its
+            Triton kernels, see ``grace.compat.torch.inductor_module_globals``); empty when a warm cache
+            skipped Inductor's inner compile.
+        device: the CUDA device of the graph.
+        example_inputs: the real inputs of the capturing call (for alignment and view checks).
+        pi_table_update: option ``pi_table_update`` (how PI writes its pointer table per replay).
+        placeholder_spans: where the graph reads each dynamic input when that is not ``placeholders``
+            (a graph rebound by grace.rebind reads its origin's capture addresses); None: placeholders.
+    """
+
+    graph_handle: int
+    placeholders: Mapping[int, torch.Tensor]
+    dynamic_input_indices: tuple[int, ...]
+    compiled: Callable[..., Any]
+    output_codes: tuple[Any, ...]
+    device: torch.device
+    example_inputs: tuple[Any, ...] = ()
+    pi_table_update: str = "node"
+    placeholder_spans: Mapping[int, StorageSpan] | None = None
+
+
+GraphHook = Callable[[int, Mapping[int, torch.Tensor]], None]
+"""Called with the raw graph handle and the placeholders, before instantiation."""
 
 
 class CaptureError(RuntimeError):

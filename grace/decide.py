@@ -10,7 +10,7 @@ Design (one call, on the caller's real inputs):
    side effects whose outputs reach option ``host_reference_bytes`` has them copied to host memory, with
    the no-graph variant's SCG samples taken at once (grace.hostref);
 2. the graph variants of ``grace.variants`` are captured: with copies and, when PI is enabled and
-   usable, a PI graph reading the same placeholders (Note: [PI seam] in grace.seam); under option
+   usable, a PI graph reading the same placeholders (Note: [PI seam] in grace.capture); under option
    ``pi_direct`` first the PI graph alone, on the caller's inputs, which stands alone when its PI
    serves every dynamic input;
 3. each variant runs from the call's state (``grace.rerun.CallStart``) in its spec's check order and

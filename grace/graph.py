@@ -47,8 +47,8 @@ from grace.outputs import (
     output_refs,
     pool_output_bytes,
 )
+from grace.pi_contract import PIPlan
 from grace.placeholders import Bindings, Layout, StorageSpan, static_pointers, storage_spans
-from grace.seam import PIPlan
 
 logger = logging.getLogger(__name__)
 
@@ -295,10 +295,7 @@ class CapturedGraph:
         self.order_streams()  # before the table update: a replay in flight elsewhere may still read it
         copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         if copied and self.borrowed:
-            rebase = getattr(plan, "rebase_placeholders", None)
-            if not callable(rebase):
-                raise RuntimeError("a graph captured on the caller's inputs needs a plan that can rebase")
-            rebase(self.own_placeholders())
+            plan.rebase_placeholders(self.own_placeholders())
             copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         self.copy_in(args, copied)
         self.replay()
@@ -389,10 +386,9 @@ class CapturedGraph:
         Graphs rebound from this one (grace.rebind) replay in its pool: the pool is released with the
         last graph of the family, whichever is released last, and then only once no output of it is held
         (grace.pools). Releasing a graph a second time does nothing."""
-        release = getattr(self.pi_plan, "release", None)
-        if callable(release):
+        if self.pi_plan is not None:
             try:
-                release()
+                self.pi_plan.release()
             except Exception:  # releasing must not raise out of reset or GC
                 logger.debug("grace: PI plan release failed", exc_info=True)
         self.pi_plan = None

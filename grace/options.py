@@ -40,15 +40,14 @@ class GraceOptions:
             the head of the graph whose arguments are updated in the executable graph, so the update
             travels with the launch (``grace.pi.fill``). Where ``"node"`` cannot be used (too many
             slots, no NVRTC, a torch without an executable graph handle) the copy serves the table and
-            the PI stage ``table`` says why. Default ``"node"``: on the H200 it cut the 64x1M workload's
-            time per call by 8% against ``"copy"`` (results/gpu-checks).
+            the PI stage ``table`` says why. Default ``"node"``, the faster of the two (docs/design/pi.md).
         pi_direct: capture the PI graph on the caller's own inputs, with no placeholders, and do not
             capture the graph-with-copies variant when that graph's PI serves every dynamic input: the
             decision then holds no copy of the inputs (placeholders are allocated only if a later call
             needs a copy, e.g. an input that breaks a kernel's alignment). When a dynamic input cannot be
             served (or two inputs share a storage, or an output views an input) the usual two variants
-            are captured instead; the skip reason ``pi_direct_declined`` says why. Default True: on the
-            H200 it brought the first calls' peak memory to pt2cg's (results/gpu-checks).
+            are captured instead; the skip reason ``pi_direct_declined`` says why. Default True: the
+            first calls' peak memory is then pt2cg's (docs/design/pi.md).
         scg: selective CUDA graphs: time the variants and keep the fastest one. False always keeps a
             graph when one could be captured and passed its numeric check (PI if it works, else copies).
         scg_samples: timed samples per variant (median taken); at least 3.

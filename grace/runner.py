@@ -163,8 +163,14 @@ class GraceRunner:
             return self._call(args)
 
     def _call(self, args: tuple[Any, ...]) -> Any:
-        if self._adapter is not None:
-            args = tuple(self._adapter(list(args)))
+        adapter = self._adapter
+        if adapter is None:
+            return self._call_adapted(args)
+        out = self._call_adapted(tuple(adapter(list(args))))
+        adapter.returned(out)  # grace.adapting: no output may live in memory the adapter reuses
+        return out
+
+    def _call_adapted(self, args: tuple[Any, ...]) -> Any:
         record = self._skip_record
         if record is not None:
             record.calls += 1

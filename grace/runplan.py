@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
+from grace.adapting import InputAdapting
 from grace.capture import CaptureContext
 from grace.options import GraceOptions
 from grace.reasons import SkipReason
@@ -44,7 +45,7 @@ class RunnerPlan:
     mutated_indices: tuple[int, ...] = ()
     skip: SkipReason | None = None
     output_codes: tuple[Any, ...] = ()
-    input_adapter: Callable[[list[Any]], list[Any]] | None = None
+    input_adapter: InputAdapting | None = None
     pi_prepare: PIPrepare | None = None
     pi_unavailable: SkipReason | None = None
     random_ops: tuple[str, ...] = ()  # operators that draw random numbers (grace.rebind declines them)

@@ -65,12 +65,12 @@ class StagingRing:
         """The copy reading the last acquired buffer is queued on the device's current stream."""
         k = self._current
         if self.pinned and k >= 0:
-            self._events[k].record(self._current_stream())
+            self._events[k].record(self.current_stream())
             self._recorded[k] = True
 
-    def _current_stream(self) -> Any:
+    def current_stream(self) -> Any:
         """The device's current stream, its ``torch.cuda.Stream`` kept per handle (building one per
-        call costs more than the copy it orders)."""
+        call costs more than the copy it orders): the same object for a stream while it is kept."""
         handle = torch_compat.current_raw_stream(self.device)
         stream = self._streams.get(handle)
         if stream is None:

@@ -18,9 +18,9 @@ def available() -> dict[str, str | None]:
         reason = "torch is not installed"
         return {"runtime": reason, "cgct": reason, "pi": reason, "scg": reason}
 
-    from grace.backend import load_seam
     from grace.compat import cuda as cuda_compat
     from grace.compat import torch as torch_compat
+    from grace.seams import load_seam
 
     no_cuda = None if torch_compat.cuda_available() else "no CUDA device"
     _, cgct_reason = load_seam("cgct", "transform")

@@ -306,13 +306,11 @@ def adopt_pi(record: GraphStats, pi_graph: CapturedGraph, result: Any, borrow: b
         log_once(reason, f"graph {record.graph_id} (PI)")
         pi_graph.release()
         return False
-    uncovered = tuple(getattr(result, "uncovered_indices", ()))
+    uncovered = tuple(result.uncovered_indices)
     if borrow and uncovered:
         # Such an input is read at its capture address: the caller's tensor, which must never be
         # copied into. Capture again with placeholders.
-        why = "; ".join(
-            f"input {i}: {r}" for i, r in sorted(getattr(result, "uncovered_reasons", {}).items())
-        )
+        why = "; ".join(f"input {i}: {r}" for i, r in sorted(result.uncovered_reasons.items()))
         record.add_skip(
             SkipReason(SkipCode.PI_DIRECT_DECLINED, f"inputs {list(uncovered)} keep a copy ({why})")
         )
@@ -322,20 +320,19 @@ def adopt_pi(record: GraphStats, pi_graph: CapturedGraph, result: Any, borrow: b
     pi_graph.pi_plan = result
     if not _prepare_first_launch(record, pi_graph, result):
         return False
-    record.pi_bytes_per_replay = int(getattr(result, "bytes_per_replay", 0))
-    record.pi_stages = [tuple(s) for s in getattr(result, "stages", [])]  # type: ignore[misc]
+    record.pi_bytes_per_replay = int(result.bytes_per_replay)
+    record.pi_stages = [tuple(s) for s in result.stages]  # type: ignore[misc]
     return True
 
 
 def _prepare_first_launch(record: GraphStats, pi_graph: CapturedGraph, result: Any) -> bool:
     """Hand the instantiated graph to the plan's ``prepare_launch`` (a graph with vendor nodes is
     uploaded: CUDA asks for that before device-side node updates); False, released, when it fails."""
-    prepare_launch = getattr(result, "prepare_launch", None)
-    if not callable(prepare_launch):
+    if not result.launch_preparation_needed:
         return True
     try:
         stream = torch.cuda.current_stream(pi_graph.device)
-        prepare_launch(torch_compat.graph_exec_handle(pi_graph.graph), int(stream.cuda_stream))
+        result.prepare_launch(torch_compat.graph_exec_handle(pi_graph.graph), int(stream.cuda_stream))
         stream.synchronize()
     except Exception as exc:
         record.add_skip(

@@ -51,10 +51,9 @@ def synchronize(device: torch.device | None) -> None:
 def graph_health(graph: CapturedGraph | None) -> str | None:
     """What the PI plan of ``graph`` reports after a completed replay (None when fine or no plan)."""
     plan = graph.pi_plan if graph is not None else None
-    health = getattr(plan, "health", None)
-    if not callable(health):
+    if plan is None:
         return None
-    problem = health()
+    problem = plan.health()
     return str(problem) if problem else None
 
 

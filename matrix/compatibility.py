@@ -8,8 +8,9 @@ results, and known failures (expected.toml) must not read as breakage.
 
 Design: ``build_table`` picks one logical run per cell key (the same matrix cell id on the same GPU): by
 default the latest finished run, the runs of one cell sharing a label counted as one
-(``matrix.regressions.logical``); with ``--run``/``--label`` every selected run of the cell, merged. Per
-result key the latest run that recorded it wins. Its results are split into parts (``Part``):
+(``matrix.readmodel.select_runs``, as every reader selects them); with ``--run``/``--label`` every
+selected run of the cell, merged. Per result key the latest run that recorded it wins. Its results are split
+into parts (``Part``):
 
 - ``import``: evidence that grace was imported: a correctness result of ``cgct-fake-cuda`` (its module
   imports grace), of a grace mode that got past ``suites.modes.grace_reason`` (any status but ``skip``,
@@ -35,14 +36,13 @@ and ``partial`` when something did; else ``pass``; ``not-run`` when nothing was 
 
 Invariants: read-only; the table is frozen and sorted (rows in matrix order, failures by subject), so
 rendering one store twice gives the same bytes; no text leaves here with a machine path in it
-(``clean_text``); no torch import (the dashboards build this table too).
+(``matrix.text.clean_text``); no torch import (the dashboards build this table too).
 """
 
 from __future__ import annotations
 
 import enum
 import fnmatch
-import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -51,17 +51,18 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from matrix import readmodel
 from matrix.errors import ConfigError
-from matrix.redact import redact
-from matrix.regressions import loader, logical, status
-from matrix.regressions.observations import RUN_SUBJECT, Observation, ResultKey, RunInfo, Suite, natural_key
+from matrix.readmodel import RunInfo
+from matrix.regressions import loader, status
+from matrix.regressions.observations import RUN_SUBJECT, Observation, ResultKey, Suite, natural_key
 from matrix.regressions.status import Expectation
 from matrix.store.models import Diagnostic, RunStatus
+from matrix.text import clean_text
 from suites.modes import Mode
 from suites.records import CorrectnessStatus, PIStage
 
 COMPATIBILITY_FORMAT = 1
-REASON_LIMIT = 200
 
 CGCT_MODE = "cgct-fake-cuda"  # suites/test_cgct_stages.py
 GPU_MODES = (Mode.GRACE.value, Mode.GRACE_CGCT.value, Mode.GRACE_CGCT_PI.value)
@@ -175,7 +176,7 @@ class CellRow:
     triton: str | None
     cuda: str | None
     gpu_name: str | None
-    run_status: str
+    run_status: RunStatus
     run_uids: tuple[str, ...]
     started: str  # start of the (first selected) run, "YYYY-MM-DD HH:MM UTC"
     parts: tuple[PartResult, ...]
@@ -214,26 +215,6 @@ class CompatibilityTable:
             "selection": self.selection,
             "cells": [r.to_dict() for r in self.rows],
         }
-
-
-# -- text -----------------------------------------------------------------------------------------------
-
-_SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s'\"()<>:]*?[/\\](?:site|dist)-packages(?=[/\\])")
-_HOME = re.compile(r"(?:/home|/Users|[A-Za-z]:\\Users)[/\\][^/\\\s'\"]+(?=[/\\])")
-_PYTEST_TMP = re.compile(r"/tmp/pytest-of-[^/\s'\"]+(?:/pytest-\d+)?")
-_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")  # "<object at 0x7f69...>" differs on every run
-
-
-def clean_text(text: str | None, limit: int = REASON_LIMIT) -> str:
-    """One line, without machine paths (``matrix.redact`` for this machine's roots; site-packages, home
-    and pytest temporary folders of any machine) or object addresses, clipped to ``limit`` characters."""
-    text = redact(text) or ""
-    text = _SITE_PACKAGES.sub("<site-packages>", text)
-    text = _HOME.sub("~", text)
-    text = _PYTEST_TMP.sub("<tmp>", text)
-    text = _ADDRESS.sub("0x...", text)
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
 # -- judging --------------------------------------------------------------------------------------------
@@ -396,28 +377,6 @@ def _blame_test_failures(
 # -- selection ------------------------------------------------------------------------------------------
 
 
-def _group_status(members: Sequence[RunInfo]) -> str:
-    statuses = {m.status for m in members}
-    for wanted in (RunStatus.RUNNING.value, RunStatus.COMPLETE.value):
-        if wanted in statuses:
-            return wanted
-    return members[-1].status
-
-
-def _merge(parts: Sequence[RunInfo]) -> RunInfo:
-    """The selected runs of one cell key as one logical run (oldest first; latest wins per key)."""
-    parts = sorted(parts, key=lambda r: r.order)
-    if len(parts) == 1:
-        return parts[0]
-    return replace(
-        parts[-1],
-        started_at=parts[0].started_at,
-        status=_group_status(parts),
-        members=tuple(pk for p in parts for pk in p.pks),
-        member_uids=tuple(uid for p in parts for uid in p.uids),
-    )
-
-
 def _check_known(kind: str, wanted: Sequence[str], known: Iterable[str | None]) -> None:
     have = {k for k in known if k}
     missing = [w for w in wanted if w not in have]
@@ -432,25 +391,18 @@ def select_cell_runs(
     labels: Sequence[str] = (),
     cells: Sequence[str] = (),
 ) -> list[RunInfo]:
-    """One logical run per cell key: every selected run merged when ``uids`` or ``labels`` are given,
-    else the latest finished logical run. ``runs`` are physical runs, oldest first."""
+    """One logical run per cell key (``readmodel.select_runs``): every selected run merged when ``uids``
+    or ``labels`` are given, else the latest finished logical run. ``runs`` are physical runs, oldest
+    first."""
     _check_known("uid", uids, (r.uid for r in runs))
     _check_known("label", labels, (r.label for r in runs))
     _check_known("cell", cells, (r.cell_id for r in runs))
-    pool = [r for r in runs if not cells or r.cell_id in cells]
-    if uids or labels:
-        chosen = [r for r in pool if (not uids or r.uid in uids) and (not labels or r.label in labels)]
-        if not chosen:
-            raise ConfigError("no run matches --run, --label and --cell together; loosen the selection")
-        groups: dict[str, list[RunInfo]] = defaultdict(list)
-        for run in chosen:
-            groups[run.cell_key].append(run)
-        return [_merge(parts) for parts in groups.values()]
-    latest: dict[str, RunInfo] = {}
-    for run in logical.group_runs(pool):  # oldest first: the last finished one wins
-        if run.status != RunStatus.RUNNING.value:
-            latest[run.cell_key] = run
-    return list(latest.values())
+    pick = readmodel.Pick.MERGED if uids or labels else readmodel.Pick.LATEST
+    selection = readmodel.Selection(tuple(uids), tuple(labels), tuple(cells), pick=pick)
+    chosen = readmodel.select_runs(runs, selection)
+    if not chosen and pick is readmodel.Pick.MERGED:
+        raise ConfigError("no run matches --run, --label and --cell together; loosen the selection")
+    return chosen
 
 
 def _describe(
@@ -491,7 +443,7 @@ def build_table(
     """The compatibility table of the selected runs (see ``select_cell_runs``). ``expectations``:
     default those in the store; ``order``: matrix cell ids in matrix order (others follow, naturally
     sorted); ``workloads``: fnmatch patterns over workload names and PI subjects."""
-    chosen = select_cell_runs(loader.load_runs(session), uids, labels, cells)
+    chosen = select_cell_runs(readmodel.load_runs(session), uids, labels, cells)
     if expectations is None:
         expectations = loader.load_expectations(session)
     pks = {pk for r in chosen for pk in r.pks}
@@ -501,7 +453,7 @@ def build_table(
     rows = []
     for run in chosen:
         # Judged over every suite first: a test's own performance record may explain its failure.
-        merged = status.bearing_verdicts(logical.merge_latest(run, per_pk, lambda o: o.key))
+        merged = status.bearing_verdicts(readmodel.merge_latest(run, per_pk, lambda o: o.key))
         performance_only = _files(merged, {Suite.PERFORMANCE}) - _files(merged, {Suite.CORRECTNESS, Suite.PI})
         wanted = [
             o

@@ -9,7 +9,7 @@ not judged. No clock, no machine: the same table renders to the same bytes.
 
 Invariant: every stored string goes through ``_md`` (``matrix.text.markdown_text``: pipes, angle
 brackets and backticks escaped, control characters visible, one line); reasons were already cleaned
-and clipped by ``matrix.compatibility.clean_text``.
+and clipped by ``matrix.text.clean_text``.
 """
 
 from __future__ import annotations

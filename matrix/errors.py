@@ -7,7 +7,7 @@ clear line and a meaningful exit status, never a traceback.
 Design: every error a user can fix is a ``MatrixError``; its subclasses only choose the exit status.
 The message says what happened, what was expected and how to fix it.
 
-Invariant: the CLI is the only place that turns these into printed lines (``matrix.cli.main``).
+Invariant: the CLI is the only place that turns these into printed lines (``matrix_cli.main``).
 """
 
 from __future__ import annotations

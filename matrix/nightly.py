@@ -17,8 +17,11 @@ Two ways to reach one store (``StoreMode``):
   exported as JSON lines (``<workdir>/exports/<id>.jsonl``, what a CI cell job uploads); the exports are
   then ingested into the target store in one transaction (what the CI report job does).
 
-Then, when those commands exist, ``grace-matrix regressions --run <label>`` and ``grace-matrix
-dashboard`` run on the target store, as child processes too.
+Then the report steps run on the target store, in this process: the project's expected.toml is loaded
+into it, the label's regressions are judged (``<workdir>/regressions.txt``, as ``grace-matrix
+regressions --run <label>`` prints them) and the dashboard is rendered into ``<workdir>/site`` by the
+``publish`` function the caller gives (the command line passes the dashboards' renderer: dashboards sit
+above this package, which never imports them).
 
 Invariants:
 - A cell's result is read back from the store it recorded into (runs with the nightly's label and its
@@ -53,16 +56,17 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix import readmodel
 from matrix.cells import CellKind, CellSpec, Matrix
-from matrix.commands import COMMAND_MODULES
 from matrix.recorder import ENV_CELL, ENV_LABEL
 from matrix.regressions.broken import BrokenCell, broken_cells
 from matrix.regressions.errors import RegressionsError
-from matrix.regressions.expected import DEFAULT_FILE, load_expected_file
+from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
 from matrix.regressions.report import detect
-from matrix.regressions.thresholds import load_thresholds
+from matrix.regressions.text_report import report_text
+from matrix.regressions.thresholds import Thresholds, load_thresholds
 from matrix.store.db import ENV_DB, display_url, open_store, sqlite_path
-from matrix.store.models import RESULT_TABLES, Cell, Run, RunStatus
+from matrix.store.models import RESULT_TABLES, RunStatus
 from matrix.transfer import RunFilter, TransferStats, export_jsonl, ingest_jsonl
 
 logger = logging.getLogger(__name__)
@@ -218,7 +222,7 @@ def cell_command(options: NightlyOptions, cell: CellSpec) -> list[str]:
         argv = [sys.executable, "-m", "nox", "-f", str(options.project_root / "noxfile.py")]
         argv += ["-s", f"cell({cell.id})"]
     else:
-        argv = [sys.executable, "-m", "matrix.cli", "run", "--cell", cell.id]
+        argv = [sys.executable, "-m", "matrix_cli", "run", "--cell", cell.id]
         argv += ["--config", str(options.config_path.resolve())]
         if options.workers is not None:
             argv += ["-n", options.workers]
@@ -297,15 +301,11 @@ def count_runs(store_url: str, label: str, cell_id: str) -> tuple[RunCount, ...]
     Session = _open_store(store_url)
     try:
         with Session() as session:
-            stmt = (
-                select(Run.id, Run.uid, Run.status)
-                .join(Run.cell)
-                .where(Run.label == label, Cell.cell_id == cell_id)
-                .order_by(Run.started_at)
-            )
-            runs = session.execute(stmt).all()
+            selection = readmodel.Selection(labels=(label,), cells=(cell_id,), pick=readmodel.Pick.EVERY)
+            runs = readmodel.select_runs(readmodel.load_runs(session), selection)
             counts = []
-            for pk, uid, status in runs:
+            for run in runs:
+                pk, uid, status = run.pk, run.uid, run.status
                 rows = {
                     model.__tablename__: session.scalar(
                         select(func.count()).select_from(model).where(model.run_pk == pk)
@@ -379,26 +379,66 @@ def merge_exports(target_url: str, exports: Sequence[Path]) -> TransferStats:
     return total
 
 
-def run_report_step(
-    options: NightlyOptions, name: str, args: Sequence[str], children: _Children
+Publish = Callable[[Session, Thresholds, Path], str]
+"""Renders the dashboard of the store a session reads into a folder, with these thresholds, and returns
+a one-line summary of what it wrote."""
+
+
+def run_report_steps(options: NightlyOptions, publish: Publish | None) -> tuple[StepOutcome, ...]:
+    """Load expected.toml into the target store, judge the label's regressions, render the dashboard."""
+    thresholds = load_thresholds(None)
+    Session = _open_store(options.target_url)
+    try:
+        expected = options.project_root / DEFAULT_FILE
+        if expected.is_file():
+            with Session.begin() as session:
+                sync_expected(session, load_expected_file(expected))
+        steps = [_regressions_step(options, Session, thresholds)]
+        steps.append(_dashboard_step(options, Session, thresholds, publish))
+    finally:
+        Session.kw["bind"].dispose()
+    return tuple(steps)
+
+
+def _regressions_step(
+    options: NightlyOptions, Session: sessionmaker[Session], thresholds: Thresholds
 ) -> StepOutcome:
-    if name not in COMMAND_MODULES:
-        return StepOutcome(name, None, None, skipped=f"this grace-matrix has no `{name}` command")
-    output = options.workdir / f"{name}.txt"
-    env = dict(os.environ)
-    env[ENV_DB] = options.target_url
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(options.project_root), env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "matrix.cli", name.replace("_", "-"), *args]
-    with (
-        output.open("wb") as out,
-        children.start(argv, stdout=out, stderr=subprocess.STDOUT, cwd=options.project_root, env=env) as proc,
-    ):
-        code = proc.wait()
-    return StepOutcome(name, code, output)
+    output = options.workdir / "regressions.txt"
+    with Session() as session:
+        try:
+            report = detect(session, thresholds, run_spec=options.label)
+        except RegressionsError as exc:
+            output.write_text(f"{exc}\n", encoding="utf-8")
+            return StepOutcome("regressions", exc.exit_code, output)
+    output.write_text(report_text(report) + "\n", encoding="utf-8")
+    return StepOutcome("regressions", 1 if report.new_regressions else 0, output)
 
 
-def run_nightly(options: NightlyOptions, progress: Callable[[str], None] = lambda _: None) -> NightlyReport:
-    """The whole pipeline (module docstring); ``progress`` receives one line per event."""
+def _dashboard_step(
+    options: NightlyOptions, Session: sessionmaker[Session], thresholds: Thresholds, publish: Publish | None
+) -> StepOutcome:
+    if publish is None:
+        return StepOutcome(
+            "dashboard", None, None, skipped="no dashboard renderer given (run_nightly's publish)"
+        )
+    output = options.workdir / "dashboard.txt"
+    try:
+        with Session() as session:
+            line, code = publish(session, thresholds, options.workdir / "site"), 0
+    except Exception as exc:  # the step failed: its reason in its output, the night goes on to the verdict
+        logger.exception("rendering the dashboard failed")
+        line, code = f"rendering the dashboard failed: {type(exc).__name__}: {exc}", 1
+    output.write_text(line + "\n", encoding="utf-8")
+    return StepOutcome("dashboard", code, output)
+
+
+def run_nightly(
+    options: NightlyOptions,
+    progress: Callable[[str], None] = lambda _: None,
+    publish: Publish | None = None,
+) -> NightlyReport:
+    """The whole pipeline (module docstring); ``progress`` receives one line per event; ``publish``
+    renders the dashboard (without it that step is reported skipped)."""
     for sub in ("logs", "stores", "exports"):
         (options.workdir / sub).mkdir(parents=True, exist_ok=True)
     # Create or upgrade the target's schema once, before the cells race to open it.
@@ -433,15 +473,9 @@ def run_nightly(options: NightlyOptions, progress: Callable[[str], None] = lambd
             f"{stats.runs_added} runs, {sum(stats.rows_added.values())} rows added"
         )
 
-    steps: list[StepOutcome] = []
+    steps: tuple[StepOutcome, ...] = ()
     if options.report:
-        try:
-            steps.append(run_report_step(options, "regressions", ["--run", options.label], children))
-            site = options.workdir / "site"
-            steps.append(run_report_step(options, "dashboard", ["--out", str(site)], children))
-        except BaseException:
-            children.terminate_all()
-            raise
+        steps = run_report_steps(options, publish)
         for step in steps:
             progress(
                 f"{step.name}: skipped ({step.skipped})"
@@ -452,7 +486,7 @@ def run_nightly(options: NightlyOptions, progress: Callable[[str], None] = lambd
     for found in broken:
         progress(f"{found.line()}; log {options.workdir / 'logs' / f'{found.cell_id}.log'}")
     return NightlyReport(
-        options.label, options.mode, display_url(options.target_url), outcomes, merged, tuple(steps), broken
+        options.label, options.mode, display_url(options.target_url), outcomes, merged, steps, broken
     )
 
 

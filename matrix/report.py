@@ -5,10 +5,16 @@ mode, whether it was correct and how fast it was relative to the baselines, with
 explain the speed. Several runs of one cell may each cover part of the workloads (a GPU lease is too
 short for all of them), so the table must merge runs without mixing figures of different runs.
 
-Design: ``build_report`` picks, for every (cell, workload, tier), the most recent selected run that has
-any result for it, and reads that run's correctness and performance rows. Speedups compare medians of
-the same run only: ``speedup_vs_X = median(X) / median(mode)``; None when either side is missing or not
-``ok``. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI commands print or write them.
+Design: ``build_report`` selects runs through the read model (``matrix.readmodel.select_runs``: every
+run matching the uids, labels and cells) and picks, for every (cell, workload, tier), the most recent
+selected run that has any result for it, and reads that run's correctness and performance rows.
+Speedups compare medians of the same run only: ``speedup_vs_X = median(X) / median(mode)``; None when
+either side is missing or not ``ok``. Where the run timed the ``raw-graph`` reference (the workload's
+kernels replayed bare, suites.raw_graph), each mode also gets ``vs_raw`` (its median over the reference's),
+``host_overhead_us`` (the difference, in microseconds: what the layers around the graph cost per call)
+and, from the back-to-back timings, ``b2b_ms`` and ``b2b_vs_raw``; tables show those columns only where
+a reference was timed. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
+commands print or write them.
 
 Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0.
 """
@@ -16,16 +22,18 @@ Invariants: read-only; figures are never combined across runs; a missing mode yi
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import fnmatch
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
-from matrix.text import markdown_text
+from matrix import readmodel
+from matrix.readmodel import RunInfo
+from matrix.store.models import CorrectnessResult, PerformanceResult, Workload
+from matrix.text import markdown_text, one_line
 from suites.options import MODE_NAMES
 
 REPORT_FORMAT = 1
@@ -45,24 +53,9 @@ COLUMNS = (
     "calls_peak_mem",
     "mem_vs_pt2cg",
 )
+REFERENCE = "raw-graph"  # the physical reference mode (suites.raw_graph)
+REFERENCE_COLUMNS = ("b2b_ms", "vs_raw", "b2b_vs_raw", "host_overhead_us")
 OK = "ok"
-
-
-@dataclasses.dataclass(frozen=True)
-class RunInfo:
-    uid: str
-    cell: str
-    started_at: dt.datetime
-    label: str | None
-    torch: str | None
-    triton: str | None
-    cuda: str | None
-    gpu: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["started_at"] = self.started_at.isoformat()
-        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +79,10 @@ class ReportRow:
     compile_s: float | None
     calls_peak_mem: int | None  # bytes: the suites' calls_peak_mem_bytes (after the compiling call)
     mem_vs_pt2cg: float | None  # calls_peak_mem over pt2cg's in the same run
+    b2b_ms: float | None = None  # median per call of the back-to-back samples
+    vs_raw: float | None = None  # median_ms over the raw-graph reference's in the same run
+    b2b_vs_raw: float | None = None  # b2b_ms over the reference's
+    host_overhead_us: float | None = None  # (median_ms - the reference's) in microseconds
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -100,12 +97,26 @@ class Report:
         return {
             "format": REPORT_FORMAT,
             "columns": list(COLUMNS),
-            "runs": [r.to_dict() for r in self.runs],
+            "runs": [run_to_dict(r) for r in self.runs],
             "rows": [r.to_dict() for r in self.rows],
         }
 
     def cells(self) -> list[str]:
         return list(dict.fromkeys(row.cell for row in self.rows))
+
+
+def run_to_dict(run: RunInfo) -> dict[str, Any]:
+    """A run as the report's JSON names it (``REPORT_FORMAT`` 1)."""
+    return {
+        "uid": run.uid,
+        "cell": run.cell_id,
+        "started_at": run.started_at.isoformat(),
+        "label": run.label,
+        "torch": run.torch_version,
+        "triton": run.triton_version,
+        "cuda": run.cuda_runtime,
+        "gpu": run.gpu_name,
+    }
 
 
 def speedup(baseline_ms: float | None, ms: float | None) -> float | None:
@@ -123,20 +134,6 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def select_runs(
-    session: Session, uids: Iterable[str] = (), labels: Iterable[str] = (), cells: Iterable[str] = ()
-) -> list[tuple[Run, Cell]]:
-    """Candidate runs, oldest first."""
-    query = select(Run, Cell).join(Cell, Run.cell_pk == Cell.id).order_by(Run.started_at, Run.id)
-    if uids := list(uids):
-        query = query.where(Run.uid.in_(uids))
-    if labels := list(labels):
-        query = query.where(Run.label.in_(labels))
-    if cells := list(cells):
-        query = query.where(Cell.cell_id.in_(cells))
-    return [(run, cell) for run, cell in session.execute(query).all()]
-
-
 def build_report(
     session: Session,
     uids: Iterable[str] = (),
@@ -144,8 +141,9 @@ def build_report(
     cells: Iterable[str] = (),
     workloads: Sequence[str] = (),
 ) -> Report:
-    candidates = select_runs(session, uids, labels, cells)
-    by_pk = {run.id: (run, cell) for run, cell in candidates}
+    selection = readmodel.Selection(tuple(uids), tuple(labels), tuple(cells), pick=readmodel.Pick.EVERY)
+    candidates = readmodel.select_runs(readmodel.load_runs(session), selection)
+    by_pk = {run.pk: run for run in candidates}
     if not by_pk:
         return Report((), ())
     correctness = session.execute(
@@ -172,11 +170,10 @@ def build_report(
                 continue
             found.setdefault((result.run_pk, wl.name, wl.tier), {}).setdefault(result.mode, {})[kind] = result
     order = {pk: i for i, pk in enumerate(by_pk)}  # oldest first
-    latest: dict[tuple[str, str, str], int] = {}
+    keys: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
     for run_pk, name, tier in found:
-        key = (by_pk[run_pk][1].cell_id, name, tier)
-        if key not in latest or order[run_pk] > order[latest[key]]:
-            latest[key] = run_pk
+        keys[run_pk].append((by_pk[run_pk].cell_id, name, tier))
+    latest = readmodel.owners_of(list(by_pk), keys)  # per (cell, workload, tier): the latest run with it
     rows: list[ReportRow] = []
     for (cell_id, name, tier), run_pk in sorted(latest.items()):
         modes = found[(run_pk, name, tier)]
@@ -186,10 +183,12 @@ def build_report(
             if "performance" in r and r["performance"].status == OK
         }
         peaks = {mode: _calls_peak(r) for mode, r in modes.items()}
+        b2b = {mode: _details_float(r.get("performance"), "b2b_ms_median") for mode, r in modes.items()}
         for mode in sorted(modes, key=_mode_key):
-            rows.append(_row(cell_id, by_pk[run_pk][0].uid, name, tier, mode, modes[mode], medians, peaks))
+            row = _row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks)
+            rows.append(_against_reference(row, medians.get(REFERENCE), b2b.get(mode), b2b.get(REFERENCE)))
     used = sorted({pk for pk in latest.values()}, key=lambda pk: order[pk])
-    return Report(tuple(_run_info(*by_pk[pk]) for pk in used), tuple(rows))
+    return Report(tuple(by_pk[pk] for pk in used), tuple(rows))
 
 
 def _row(
@@ -233,6 +232,26 @@ def _row(
     )
 
 
+def _against_reference(
+    row: ReportRow, raw_ms: float | None, b2b_ms: float | None, raw_b2b_ms: float | None
+) -> ReportRow:
+    """The row with its figures against the raw-graph reference of the same run (None without one)."""
+    if row.median_ms is None:
+        b2b_ms = None  # a mode that was not timed ok has no back-to-back figure either
+    overhead = (row.median_ms - raw_ms) * 1e3 if row.median_ms is not None and raw_ms else None
+    return dataclasses.replace(
+        row,
+        b2b_ms=b2b_ms,
+        vs_raw=_ratio_f(row.median_ms, raw_ms),
+        b2b_vs_raw=_ratio_f(b2b_ms, raw_b2b_ms),
+        host_overhead_us=overhead,
+    )
+
+
+def _ratio_f(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
+
+
 def _details_float(result: CorrectnessResult | PerformanceResult | None, key: str) -> float | None:
     if result is None or not isinstance(result.details, dict):
         return None
@@ -256,19 +275,6 @@ def _ratio(value: int | None, baseline: int | None) -> float | None:
     return value / baseline
 
 
-def _run_info(run: Run, cell: Cell) -> RunInfo:
-    return RunInfo(
-        uid=run.uid,
-        cell=cell.cell_id,
-        started_at=run.started_at,
-        label=run.label,
-        torch=cell.torch_version,
-        triton=cell.triton_version,
-        cuda=cell.cuda_runtime,
-        gpu=cell.gpu_name,
-    )
-
-
 # -- formatting -----------------------------------------------------------------------------------------
 
 
@@ -276,10 +282,12 @@ def fmt(column: str, value: Any) -> str:
     """One cell of a table, for people: '-' for missing, ms with 3 decimals, speedups as 1.23x."""
     if value is None:
         return "-"
-    if column.startswith("speedup") or column == "mem_vs_pt2cg":
+    if column.startswith("speedup") or column in ("mem_vs_pt2cg", "vs_raw", "b2b_vs_raw"):
         return f"{value:.2f}x"
-    if column in ("median_ms", "floor_ms"):
+    if column in ("median_ms", "floor_ms", "b2b_ms"):
         return f"{value:.3f}"
+    if column == "host_overhead_us":
+        return f"{value:.1f}"
     if column == "compile_s":
         return f"{value:.1f}"
     if column in ("copy_bytes_per_replay", "calls_peak_mem"):
@@ -298,25 +306,33 @@ def _bytes(n: int) -> str:
 
 def _environment(run: RunInfo) -> str:
     parts = [
-        f"torch {run.torch or '-'}",
-        f"triton {run.triton or '-'}",
-        f"CUDA {run.cuda or '-'}",
-        run.gpu or "no GPU",
+        f"torch {run.torch_version or '-'}",
+        f"triton {run.triton_version or '-'}",
+        f"CUDA {run.cuda_runtime or '-'}",
+        run.gpu_name or "no GPU",
     ]
     return ", ".join(parts)
+
+
+def columns_of(rows: Sequence[ReportRow]) -> tuple[str, ...]:
+    """The columns a table of ``rows`` shows: the reference's only where a reference was timed."""
+    if any(row.mode == REFERENCE and row.median_ms is not None for row in rows):
+        return (*COLUMNS, *REFERENCE_COLUMNS)
+    return COLUMNS
 
 
 def render_text(report: Report) -> str:
     """Aligned text tables, one per cell."""
     if not report.rows:
         return "no results match (run the suites with the recorder first)\n"
-    header = ["workload", "tier", "mode", *COLUMNS]
     out: list[str] = []
     for cell in report.cells():
-        runs = [r for r in report.runs if r.cell == cell]
+        columns = columns_of([row for row in report.rows if row.cell == cell])
+        header = ["workload", "tier", "mode", *columns]
+        runs = [r for r in report.runs if r.cell_id == cell]
         out.append(f"cell {cell}: {_environment(runs[-1])}; runs {', '.join(r.uid[:8] for r in runs)}")
         table = [
-            [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
+            [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in columns)]
             for row in report.rows
             if row.cell == cell
         ]
@@ -326,14 +342,11 @@ def render_text(report: Report) -> str:
         notes = [row for row in report.rows if row.cell == cell and row.status not in ("pass", OK)]
         if notes:
             out.append("not passing:")
-            out.extend(f"  {row.workload} / {row.mode}: {row.status}: {_clip(row.reason)}" for row in notes)
+            out.extend(
+                f"  {row.workload} / {row.mode}: {row.status}: {one_line(row.reason, 240)}" for row in notes
+            )
         out.append("")
     return "\n".join(out)
-
-
-def _clip(text: str | None, limit: int = 240) -> str:
-    one_line = " ".join((text or "").split())
-    return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
 _md = markdown_text  # every stored string in docs/RESULTS.md, as docs/COMPATIBILITY.md escapes it
@@ -349,14 +362,18 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         "Speedups compare medians of the same run (`speedup_vs_X = median(X) / median(mode)`, above 1 is "
         "faster); the floor is the GPU-busy time of one call; `calls_peak_mem` is the peak memory allocated "
         "in the calls after the compiling one (recording or deciding, first replays), `mem_vs_pt2cg` its "
-        "ratio to pt2cg's in the same run; `-` means not measured.",
+        "ratio to pt2cg's in the same run; where the run timed the `raw-graph` reference (the kernels "
+        "replayed bare), `vs_raw` and `host_overhead_us` compare each mode's median with it, and `b2b_ms`, "
+        "`b2b_vs_raw` do so for calls launched back to back; `-` means not measured.",
         "",
     ]
     if not report.rows:
         return "\n".join([*lines, "No results in the store.", ""])
-    header = ["workload", "tier", "mode", *COLUMNS]
     for cell in report.cells():
-        runs = [r for r in report.runs if r.cell == cell]
+        rows = [row for row in report.rows if row.cell == cell]
+        columns = columns_of(rows)
+        header = ["workload", "tier", "mode", *columns]
+        runs = [r for r in report.runs if r.cell_id == cell]
         lines += [f"## Cell `{_md(cell)}`", "", f"{_md(_environment(runs[-1]))}.", ""]
         lines += [
             f"Runs: {', '.join(f'`{_md(r.uid)}` ({r.started_at:%Y-%m-%d %H:%M} UTC)' for r in runs)}.",
@@ -364,9 +381,8 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         ]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
-        rows = [row for row in report.rows if row.cell == cell]
         for row in rows:
-            values = [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in COLUMNS)]
+            values = [row.workload, row.tier, row.mode, *(fmt(c, getattr(row, c)) for c in columns)]
             lines.append("| " + " | ".join(_md(v) for v in values) + " |")
         notes = [row for row in rows if row.status not in ("pass", OK)]
         if notes:

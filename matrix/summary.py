@@ -3,12 +3,14 @@
 Problem: after ``nox -s matrix`` a person needs to see at a glance which cells ran, which crashed or
 could not be installed, and how many tests passed, before (or without) the dashboards.
 
-Design: ``summarize`` selects runs (by uid, label or cell; by default the latest run of each cell id),
-counts outcomes and result rows per run with grouped queries (no row is loaded), and returns frozen
-``RunSummary`` values that the CLI prints as a table or JSON. ``judge`` adds each run's verdict from
-regression detection (``matrix.regressions.report.detect``, the same judgement as ``regressions`` and the
-dashboards: a test that failed without a result, or a crashed run, is a FAIL) and lists the broken cells
-(``matrix.regressions.broken``), so ``summary --check`` can fail a ``nox -s matrix``.
+Design: ``summarize`` selects runs through the read model (``matrix.readmodel.select_runs``: by uid,
+label or cell; by default the newest run of each cell key), counts outcomes and result rows per run
+with grouped queries (no row is loaded), and returns frozen ``RunSummary`` values that the CLI prints
+as a table or JSON. ``judge`` adds each run's verdict from regression detection
+(``matrix.regressions.report.detect``, the same judgement as ``regressions`` and the dashboards: a test
+that failed without a result, or a crashed run, is a FAIL) and lists the broken cells
+(``matrix.regressions.broken``), so ``summary --check`` can fail a ``nox -s matrix``; ``verdict_block``
+is the few lines that close it: the verdict, each broken cell's "failing since" and where to look.
 
 Invariant: read-only, except that stale runs of this host are first marked crashed
 (``reap_stale_runs``), so a killed run never shows as still running.
@@ -24,6 +26,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from matrix import readmodel
 from matrix.regressions.broken import BrokenCell, broken_cells
 from matrix.regressions.errors import RegressionsError
 from matrix.regressions.report import CellReport, RegressionReport, detect
@@ -31,15 +34,16 @@ from matrix.regressions.status import Expectation
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.access import reap_stale_runs
 from matrix.store.models import (
-    Cell,
     CorrectnessResult,
     Diagnostic,
     PerformanceResult,
     PIStageResult,
-    Run,
+    RunStatus,
     TestOutcome,
 )
+from matrix.text import one_line
 
+SHOWN_CELLS = 5  # broken cells named in the closing verdict block; the lines above list every one
 OUTCOMES = ("passed", "failed", "skipped", "error", "crashed")
 COLUMNS = (
     "cell",
@@ -69,7 +73,7 @@ class RunSummary:
     uid: str
     cell_id: str
     kind: str
-    status: str
+    status: RunStatus
     label: str | None
     torch: str | None
     triton: str | None
@@ -115,25 +119,12 @@ def summarize(
     """Runs matching the filters (all given filters apply), newest first; by default the latest per cell
     key (cell id and GPU), as every reader selects them."""
     reap_stale_runs(session)
-    stmt = select(Run, Cell).join(Run.cell).order_by(Run.started_at.desc(), Run.id.desc())
-    if uids:
-        stmt = stmt.where(Run.uid.in_(uids))
-    if labels:
-        stmt = stmt.where(Run.label.in_(labels))
-    if cells:
-        stmt = stmt.where(Cell.cell_id.in_(cells))
-    chosen: list[tuple[Run, Cell]] = []
-    seen: set[tuple[str, str | None]] = set()
-    for run, cell in session.execute(stmt):
-        if latest_only and not uids:
-            key = (cell.cell_id, cell.gpu_name)  # a cell key: one cell id may run on several GPUs
-            if key in seen:
-                continue
-            seen.add(key)
-        chosen.append((run, cell))
+    pick = readmodel.Pick.NEWEST if latest_only and not uids else readmodel.Pick.EVERY
+    selection = readmodel.Selection(tuple(uids), tuple(labels), tuple(cells), pick=pick)
+    chosen = readmodel.select_runs(readmodel.load_runs(session), selection)[::-1]  # newest first
     if not chosen:
         return []
-    pks = [run.id for run, _ in chosen]
+    pks = [run.pk for run in chosen]
     outcomes: dict[int, dict[str, int]] = {pk: {} for pk in pks}
     counts = (
         select(TestOutcome.run_pk, TestOutcome.outcome, func.count())
@@ -150,22 +141,22 @@ def summarize(
     return [
         RunSummary(
             uid=run.uid,
-            cell_id=cell.cell_id,
-            kind=cell.kind,
+            cell_id=run.cell_id,
+            kind=run.kind,
             status=run.status,
             label=run.label,
-            torch=cell.torch_version,
-            triton=cell.triton_version,
-            cuda=cell.cuda_runtime,
-            gpu=cell.gpu_name,
+            torch=run.torch_version,
+            triton=run.triton_version,
+            cuda=run.cuda_runtime,
+            gpu=run.gpu_name,
             host=run.host,
             started_at=run.started_at,
-            duration_s=_duration(run),
-            outcomes=outcomes[run.id],
-            records=records[run.id],
+            duration_s=run.duration_s,
+            outcomes=outcomes[run.pk],
+            records=records[run.pk],
             message=run.message,
         )
-        for run, cell in chosen
+        for run in chosen
     ]
 
 
@@ -176,16 +167,7 @@ def headline(message: str | None, limit: int = 100) -> str | None:
         return None
     errors = [line for line in lines[1:] if line.lower().startswith(("error", "fatal"))]
     text = lines[0] if not errors else f"{lines[0]} {errors[0]}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _duration(run: Run) -> float | None:
-    if run.finished_at is None:
-        return None
-    start, end = run.started_at, run.finished_at
-    if (start.tzinfo is None) != (end.tzinfo is None):  # SQLite returns naive datetimes
-        start, end = start.replace(tzinfo=None), end.replace(tzinfo=None)
-    return (end - start).total_seconds()
+    return one_line(text, limit)
 
 
 def judge(
@@ -218,3 +200,24 @@ def judge(
         verdict = None if owner is None else (f"FAIL {failing[owner].failing}" if owner in failing else "ok")
         out.append(dataclasses.replace(summary, verdict=verdict))
     return out, broken
+
+
+def verdict_block(
+    summaries: Sequence[RunSummary], broken: Sequence[BrokenCell], index: str, rendered: bool = True
+) -> list[str]:
+    """The few closing lines of ``summary --check`` (the end of ``nox -s matrix``): the overall verdict,
+    each broken cell with since when it fails and its row on the dashboard (``index``: the index page;
+    ``rendered``: whether it exists), and the command that lists every failure."""
+    judged = len({(s.cell_id, s.gpu) for s in summaries if s.verdict is not None})
+    missing = [] if rendered else [f"({index} is not rendered yet: grace-matrix dashboard renders it)"]
+    if not broken:
+        return [f"verdict: ok ({judged} cell(s) judged, none broken); the dashboard: {index}", *missing]
+    lines = [f"verdict: {len(broken)} broken cell(s) of {judged}"]
+    for cell in broken[:SHOWN_CELLS]:
+        gpu = cell.gpu_name or "no GPU"
+        lines.append(f"  {cell.cell_id} ({gpu}): {cell.since_text or 'failing'}; row: {index}#{cell.anchor}")
+    if len(broken) > SHOWN_CELLS:
+        lines.append(f"  ... and {len(broken) - SHOWN_CELLS} more (the BROKEN lines above)")
+    commands = list(dict.fromkeys(cell.where for cell in broken))
+    lines.append(f"every failure, its evidence and repro command: {'; '.join(commands[:2])}")
+    return [*lines, *missing]

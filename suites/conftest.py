@@ -67,18 +67,19 @@ def suite_options(pytestconfig: pytest.Config) -> SuiteOptions:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "workload_name" not in metafunc.fixturenames:
         return
-    from suites.modes import parse_modes
+    from suites.modes import SPECS, parse_modes
     from suites.workloads import select
 
     options = SuiteOptions.from_config(metafunc.config)
     names = [wl.name for wl in select(options.workloads)]
-    if "mode" in metafunc.fixturenames:
+    if "mode" in metafunc.fixturenames:  # the correctness suite: every mode that runs a model
         params = [
             pytest.param(
                 name, mode.value, id=f"{name}-{mode.value}", marks=pytest.mark.xdist_group(f"wl-{name}")
             )
             for name in names
             for mode in parse_modes(options.modes)
+            if not SPECS[mode].timing_reference
         ]
         metafunc.parametrize(("workload_name", "mode"), params)
     else:

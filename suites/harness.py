@@ -36,6 +36,7 @@ import torch
 from grace.compat.torch import clear_cublas_workspaces
 from suites import grace_stats
 from suites.modes import GRACE_MODES, SPECS, Mode, build, reset_compilers, unavailable_reason
+from suites.raw_graph import ReferenceUnavailable
 from suites.records import CorrectnessStatus
 from suites.tensors import Leaves, clone_inputs, snapshot, to_float64
 from suites.workloads import Workload, WorkloadUnavailable
@@ -225,6 +226,9 @@ class PreparedWorkload:
                 entry.peak_mem_bytes = max(compile_peak, calls_peak) - base
                 entry.calls_peak_mem_bytes = calls_peak - base
                 entry.resident_mem_bytes = int(torch.cuda.memory_allocated(self.device) - base)
+        except ReferenceUnavailable as exc:  # a timing reference that cannot exist here: a skip
+            entry.failure = Failure(CorrectnessStatus.SKIP, str(exc), expected=True)
+            entry.fn = None
         except Exception as exc:
             entry.failure = failure_of(exc)
             entry.fn = None

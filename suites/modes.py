@@ -11,6 +11,9 @@ Modes:
 - ``grace-cpu``: ``grace.compile`` on a machine without CUDA: grace must take its no-graph path (reason
   ``no_cuda``) and give eager's values. It is how a CPU-only cell shows that grace imports, registers as
   a backend and compiles on its torch; on a CUDA device it is skipped (``grace`` covers that).
+- ``raw-graph`` and ``raw-graph-copy``: timing references, not products (suites.raw_graph): Inductor's
+  kernels captured by hand and replayed bare, or after copying the call's inputs into the graph's own.
+  The performance suite times them beside the other modes; the correctness suite does not run them.
 
 Invariant: a mode that cannot run says why in one line (``unavailable_reason``), which the suites record
 as a ``skip``; nothing falls back silently. A grace mode lights up as soon as ``grace`` provides its API
@@ -35,6 +38,8 @@ class Mode(str, enum.Enum):
     GRACE_CGCT = "grace-cgct"
     GRACE_CGCT_PI = "grace-cgct-pi"
     GRACE_CPU = "grace-cpu"
+    RAW_GRAPH = "raw-graph"
+    RAW_GRAPH_COPY = "raw-graph-copy"
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class ModeSpec:
     cpu_only: bool = False  # checks a no-CUDA path: skipped where a CUDA device is used
     techniques: tuple[str, ...] = ()  # grace techniques the mode needs (grace.available_techniques keys)
     grace_options: tuple[tuple[str, bool], ...] = ()  # GraceOptions keyword arguments
+    timing_reference: bool = False  # timed by the performance suite only (not a way to run a model)
 
 
 SPECS: dict[Mode, ModeSpec] = {
@@ -70,6 +76,10 @@ SPECS: dict[Mode, ModeSpec] = {
         grace_options=(("scg", False),),
     ),
     Mode.GRACE_CPU: ModeSpec(Mode.GRACE_CPU, uses_graphs=False, needs_cuda=False, cpu_only=True),
+    Mode.RAW_GRAPH: ModeSpec(Mode.RAW_GRAPH, uses_graphs=True, needs_cuda=True, timing_reference=True),
+    Mode.RAW_GRAPH_COPY: ModeSpec(
+        Mode.RAW_GRAPH_COPY, uses_graphs=True, needs_cuda=True, timing_reference=True
+    ),
 }
 
 ALL_MODES: tuple[Mode, ...] = tuple(Mode)
@@ -127,9 +137,9 @@ def unavailable_reason(mode: Mode, device_type: str) -> str | None:
     if spec.cpu_only and device_type == "cuda":
         return f"a CUDA device is used: {mode.value} checks grace's no-CUDA path (grace covers this device)"
     if mode is Mode.PT2CG_NOPARTITION:
-        import torch._inductor.config as inductor_config
+        from grace.compat import dynamo as dynamo_compat
 
-        if not hasattr(inductor_config, "graph_partition"):
+        if not dynamo_compat.graph_partition_supported():
             return "torch has no inductor graph_partition config: pt2cg-nopartition is pt2cg on this version"
     if mode in GRACE_MODES:
         return grace_reason(spec)
@@ -179,6 +189,10 @@ def build(mode: Mode, model: Any) -> Callable[..., Any]:
         return torch.compile(model, mode="reduce-overhead")
     if mode is Mode.PT2CG_NOPARTITION:
         return torch.compile(model, options={"triton.cudagraphs": True, "graph_partition": False})
+    if SPECS[mode].timing_reference:
+        from suites.raw_graph import RawGraph
+
+        return RawGraph(torch.compile(model), copy_inputs=mode is Mode.RAW_GRAPH_COPY)
     grace = _grace()
     options = grace.GraceOptions.from_value({**dict(SPECS[mode].grace_options), **_grace_overrides})
     return grace.compile(model, options=options)

@@ -21,6 +21,8 @@ MODE_NAMES = (
     "grace-cgct",
     "grace-cgct-pi",
     "grace-cpu",
+    "raw-graph",
+    "raw-graph-copy",
 )
 MIN_PERF_SAMPLES = 30
 ENV_TIER = "GRACE_SUITE_TIER"  # set by the matrix runner from the cell's tier

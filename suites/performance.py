@@ -3,7 +3,11 @@
 Steps: compile and warm up every mode first (shared with the correctness suite through
 suites.harness), then profile one call per mode (launch facts, GPU-busy floor), then time all modes in
 interleaved rounds with CUDA events (suites.timing), keeping the median host time a call took to
-return (``details.host_ms_median``: the launch cost the CPU paid before the GPU could finish). Bytes
+return (``details.host_ms_median``: the launch cost the CPU paid before the GPU could finish), then
+time them back to back in interleaved rounds too (``details.b2b_samples_ms``, per call, with
+``b2b_calls_per_sample``: enough calls for a sample to span ``B2B_SAMPLE_MS`` at the fastest mode's
+latency). The timing references (``raw-graph``, ``raw-graph-copy``) are timed as their bare replay
+(suites.raw_graph). Bytes
 copied per replay: for PyTorch2-CG modes the device bytes of the non-static (user) inputs when the
 call replayed a graph (cudagraph trees copy each into its static placeholder), for grace modes the
 ``copy_bytes_per_replay`` grace.stats reports for the mode's own graphs; modes that replay no graph
@@ -16,6 +20,7 @@ CPU timings of GPU-oriented modes would mean nothing.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,13 +31,16 @@ from suites import grace_stats
 from suites.harness import CompiledMode, Failure, PreparedWorkload, describe
 from suites.launches import CallFacts, profile_call
 from suites.modes import GRACE_MODES, Mode, override_details
+from suites.raw_graph import RawGraph
 from suites.records import CorrectnessStatus, PerformanceRecord, PerformanceStatus
 from suites.tensors import device_input_bytes
-from suites.timing import time_interleaved
+from suites.timing import time_back_to_back, time_interleaved
 
 logger = logging.getLogger(__name__)
 
 PERF_WARMUP_CALLS = 5
+B2B_SAMPLE_MS = 2.0  # a back-to-back sample spans about this long at the fastest mode's latency
+B2B_CALLS = (4, 64)  # bounds of the calls per back-to-back sample
 NO_CUDA = "no CUDA device"
 PT2CG_MODES = (Mode.PT2CG, Mode.PT2CG_NOPARTITION)
 
@@ -48,7 +56,16 @@ def _status_of(failure: Failure) -> PerformanceStatus:
 def _bound(entry: CompiledMode) -> Callable[[], Any]:
     fn, inputs = entry.fn, entry.inputs
     assert fn is not None
+    if isinstance(fn, RawGraph):  # a timing reference: its physical cost, not its Python wrapper's
+        return fn.timed_call(inputs)
     return lambda: fn(*inputs)
+
+
+def _calls_per_sample(latency_ms: dict[str, list[float]]) -> int:
+    medians = [statistics.median(v) for v in latency_ms.values() if v]
+    fastest = min(medians) if medians else B2B_SAMPLE_MS
+    low, high = B2B_CALLS
+    return max(low, min(high, math.ceil(B2B_SAMPLE_MS / max(fastest, 1e-3))))
 
 
 def measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) -> list[PerformanceRecord]:
@@ -94,14 +111,24 @@ def _measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) ->
             facts[mode] = f"profiler: {describe(exc, 500)}"
             logger.warning("profiling %s/%s failed: %s", prepared.workload.name, mode.value, facts[mode])
     host: dict[str, list[float]] = {}
-    timings, errors = time_interleaved({m.value: _bound(e) for m, e in ready.items()}, samples, host)
+    calls = {m.value: _bound(e) for m, e in ready.items()}
+    timings, errors = time_interleaved(calls, samples, host)
+    per_sample = _calls_per_sample(timings)
+    b2b, b2b_errors = time_back_to_back(
+        {name: fn for name, fn in calls.items() if name not in errors}, max(5, samples // 3), per_sample
+    )
     snapshot = grace_stats.snapshot() if any(m in GRACE_MODES for m in ready) else {}
     for mode, entry in ready.items():
-        done[mode] = _record(
+        done[mode] = record = _record(
             prepared, mode, entry, facts[mode], timings[mode.value], errors.get(mode.value), snapshot, samples
         )
         if host.get(mode.value):
-            done[mode].details["host_ms_median"] = statistics.median(host[mode.value])
+            record.details["host_ms_median"] = statistics.median(host[mode.value])
+        if b2b.get(mode.value):
+            record.details.update(b2b_samples_ms=b2b[mode.value], b2b_calls_per_sample=per_sample)
+            record.details["b2b_ms_median"] = statistics.median(b2b[mode.value])
+        elif mode.value in b2b_errors:
+            record.details["b2b_error"] = b2b_errors[mode.value]
     return [done[m] for m in modes]
 
 

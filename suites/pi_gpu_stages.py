@@ -71,11 +71,12 @@ def run_gpu_stages(kernel: CorpusKernel, art: CpuArtifacts, *, cpu_ok: bool) -> 
     why = gpu_unavailable()
     if why is not None:
         return _skip_all(why)
+    from grace.compat import cuda as cuda_compat
     from grace.pi import driver
 
     outcomes: list[StageOutcome] = []
     try:
-        driver.ensure_context(0)
+        cuda_compat.make_primary_context_current(0)
         original = driver.load_kernel(art.compiled.cubin, art.compiled.name, art.compiled.shared)
         rewritten = driver.load_kernel(art.cubin, art.compiled.name, art.compiled.shared)
     except Exception as exc:
@@ -142,6 +143,7 @@ def _params(art: CpuArtifacts, recipe: dict[str, Any], pointers: dict[str, int])
 def _patch_and_compare(
     kernel: CorpusKernel, art: CpuArtifacts, recipe: dict[str, Any], original: int, rewritten: int
 ) -> list[StageOutcome]:
+    from grace.compat import cuda as cuda_compat
     from grace.pi import driver
 
     assert art.param_map is not None and art.compiled is not None
@@ -170,7 +172,7 @@ def _patch_and_compare(
         captured = driver.ParamBuffer(_params(art, recipe, placeholders.pointers))
         keep.append(captured)
         graph = driver.capture_launch(original, grid, block, shared, captured)  # type: ignore[arg-type]
-        nodes = driver.graph_nodes(graph)
+        nodes = cuda_compat.graph_nodes(graph)
         if len(nodes) != 1:
             return [
                 StageOutcome(

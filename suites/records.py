@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from grace.pi_contract import PIStage, StageStatus
+
 RECORD_FORMAT = 1
 USER_PROPERTY_KEY = "grace_matrix.record"
 
@@ -50,25 +52,6 @@ class PerformanceStatus(str, enum.Enum):
     SKIP = "skip"
     FAIL_TO_RUN = "fail_to_run"
     OOM = "OOM"
-
-
-class PIStage(str, enum.Enum):
-    """Stages of parameter indirection, in pipeline order (DESIGN.md 3.3, 3.4)."""
-
-    LOCATE = "locate"
-    REWRITE = "rewrite"
-    ASSEMBLE = "assemble"
-    LOAD = "load"
-    PATCH = "patch"
-    NUMERIC = "numeric"
-    VENDOR_MATCH = "vendor_match"
-    VENDOR_UPDATE = "vendor_update"
-
-
-class StageStatus(str, enum.Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    SKIP = "skip"
 
 
 @dataclass(frozen=True)

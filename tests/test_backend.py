@@ -124,9 +124,15 @@ class _FakeResult:
 def test_cgct_seam_transform_and_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"transform": 0, "adapter": 0}
 
-    def adapter(args: list[Any]) -> list[Any]:
-        calls["adapter"] += 1
-        return args
+    class Adapter:  # grace.adapting.InputAdapting
+        def __call__(self, args: list[Any]) -> list[Any]:
+            calls["adapter"] += 1
+            return args
+
+        def returned(self, outputs: Any) -> None:
+            pass
+
+    adapter = Adapter()
 
     def transform(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> _FakeResult:
         calls["transform"] += 1
@@ -182,7 +188,7 @@ def test_explain_compiles_its_own_graphs_beside_an_equal_compile() -> None:
 
 
 def test_missing_seams_give_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grace.backend import load_seam
+    from grace.seams import load_seam
 
     monkeypatch.setitem(sys.modules, "grace.pi", None)  # import fails
     module, reason = load_seam("pi", "prepare")

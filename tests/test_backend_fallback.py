@@ -128,8 +128,14 @@ def test_runner_failure_takes_the_safe_path_from_then_on(monkeypatch: pytest.Mon
 
 
 def test_adapter_failure_runs_dynamos_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    def adapter(args: list[Any]) -> list[Any]:
-        raise ValueError("injected adapter failure")
+    class Adapter:  # grace.adapting.InputAdapting
+        def __call__(self, args: list[Any]) -> list[Any]:
+            raise ValueError("injected adapter failure")
+
+        def returned(self, outputs: Any) -> None:
+            pass
+
+    adapter = Adapter()
 
     _fake_cgct(monkeypatch, adapter)
     model = Small()

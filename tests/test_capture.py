@@ -11,6 +11,7 @@ import torch
 from fakes import CountingReplay
 
 from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
+from grace.pi_contract import PlanDefaults
 
 
 def test_fresh_placeholders_have_the_inputs_layout_at_other_addresses() -> None:
@@ -77,7 +78,7 @@ def test_borrowing_needs_one_storage_per_input_and_cuda_tensors() -> None:
     assert borrow_blocker([torch.zeros(2), torch.zeros(2)], (0, 1), ()) == "input 0 is not a CUDA tensor"
 
 
-class _CopyingPlan:
+class _CopyingPlan(PlanDefaults):
     """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies input 1 (an alignment
     fallback): ``update`` says so through ``uncovered_indices``."""
 

@@ -19,6 +19,7 @@ import grace
 from grace import stats
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from grace.pi_contract import PlanDefaults
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_grace")]
 
@@ -414,7 +415,7 @@ def test_driver_level_graph_access() -> None:
         captured.release()
 
 
-class _FakePlan:
+class _FakePlan(PlanDefaults):
     """A PI plan that never covers anything: the runner must copy every input (seam wiring check)."""
 
     def __init__(self, dynamic: Sequence[int]) -> None:

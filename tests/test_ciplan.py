@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from matrix import ciyaml
 from matrix.cells import CellKind, load_matrix, parse_matrix
 from matrix.ciplan import WORKFLOW_PATH, build_workflow, job_id, plan_cells, render
-from matrix.cli import main
 from matrix.errors import ConfigError
 from matrix.runners import DEFAULT_RUNNERS_PATH, load_runners, parse_runners
+from matrix_cli.main import main
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cli import main
 from matrix.store.db import open_store
+from matrix_cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,7 +196,7 @@ def test_errors_are_one_line_with_exit_codes(project, capsys) -> None:
 
 def test_a_bug_exits_3_with_its_traceback_not_1(monkeypatch, capsys) -> None:
     """Exit 1 means "regression found" to the nightly and CI; a crash must never read as one."""
-    import matrix.commands.summary as summary
+    import matrix_cli.commands.summary as summary
 
     def crash(args):
         raise KeyError("planted")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cli import build_parser, main
 from matrix.regressions.synthetic import SyntheticSpec, seed_history
 from matrix.store.db import open_store
+from matrix_cli.main import build_parser, main
 
 
 def test_version_is_printed_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

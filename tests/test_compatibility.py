@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.cli import main
-from matrix.commands import COMMAND_MODULES
 from matrix.compatibility import Part, Verdict, build_table, clean_text
 from matrix.compatibility_doc import render_markdown
 from matrix.regressions.expected import sync_expected
@@ -20,6 +18,8 @@ from matrix.regressions.observations import Suite
 from matrix.regressions.status import Expectation
 from matrix.store.db import open_store
 from matrix.store.models import Cell, CorrectnessResult, Diagnostic, PIStageResult, Run, Workload
+from matrix_cli.commands import COMMAND_MODULES
+from matrix_cli.main import main
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 LEAKY = "values differ: max abs 0.5 at /home/alice/envs/c/lib/python3.11/site-packages/torch/fx/graph.py:12"

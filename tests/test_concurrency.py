@@ -26,6 +26,7 @@ import grace.streams
 from grace import pools, stats
 from grace.capture import CapturedGraph
 from grace.options import GraceOptions
+from grace.pi_contract import PlanDefaults
 from grace.runner import GraceRunner, RunnerPlan
 
 CPU = torch.device("cpu")
@@ -258,7 +259,7 @@ def test_a_run_on_another_stream_waits_for_the_previous_runs_stream_first(
     assert log[-3:] == ["a waits for b", "copy in", "replay g"]
 
 
-class _Plan:
+class _Plan(PlanDefaults):
     """A PI plan that serves every input through its table and logs its table writes."""
 
     def __init__(self, log: list[str]) -> None:

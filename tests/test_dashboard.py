@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from dashboards import render
 from dashboards.render import write_site
 from dashboards.site import Site, build_site, slug
-from matrix.cli import main
 from matrix.regressions.synthetic import (
     SCRIPT_PAYLOAD,
     DemoSeed,
@@ -31,6 +30,7 @@ from matrix.regressions.synthetic import (
 )
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.db import open_store
+from matrix_cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 ATOM = "{http://www.w3.org/2005/Atom}"
@@ -338,7 +338,7 @@ def test_dashboards_never_import_torch(tmp_path: Path) -> None:
         "from matrix.regressions.thresholds import Thresholds\n"
         "from dashboards.site import build_site\n"
         "from dashboards.render import write_site\n"
-        "import matrix.commands.dashboard, matrix.commands.regressions\n"
+        "import matrix_cli.commands.dashboard, matrix_cli.commands.regressions\n"
         "s = open_store('sqlite://')\n"
         "with s.begin() as session: seed_demo(session)\n"
         "with s() as session: site = build_site(session, Thresholds())\n"

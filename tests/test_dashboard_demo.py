@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cli import main
 from matrix.regressions.synthetic import SyntheticSpec, seed_history
 from matrix.store.db import open_store
+from matrix_cli.main import main
 
 
 def test_exported_results_plus_seeded_faults_show_on_the_dashboard(

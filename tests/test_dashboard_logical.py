@@ -1,4 +1,4 @@
-"""The dashboards show the runs of one cell that share a label as one run (matrix.regressions.logical):
+"""The dashboards show the runs of one cell that share a label as one run (matrix.readmodel.group_runs):
 one grid row, one point of history, one side of a comparison, the re-run's newer status winning.
 
 The store is the one of tests/test_regressions_logical.py: the last night of torch-2.11 recorded as three

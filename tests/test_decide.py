@@ -21,11 +21,12 @@ import grace.variants
 from grace import stats
 from grace.capture import CapturedGraph, placeholders_for
 from grace.options import GraceOptions
+from grace.pi_contract import PlanDefaults
 from grace.runner import GraceRunner, GraphSlot, RunnerPlan
 from grace.scg import DecisionSource, Variant
 
 
-class FakePlan:
+class FakePlan(PlanDefaults):
     """A PI plan whose table maps input index -> the tensor the graph reads; ``stuck`` never rewrites it
     (the graph keeps reading the placeholders, as a patch that did not take would)."""
 

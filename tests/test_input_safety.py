@@ -22,7 +22,6 @@ from store_content import fresh_database, pg_base_url
 
 from dashboards.site import slug
 from matrix.cells import load_matrix, parse_matrix
-from matrix.cli import main
 from matrix.errors import ConfigError
 from matrix.fingerprint import Environment
 from matrix.regressions.synthetic import seed_demo
@@ -31,6 +30,7 @@ from matrix.store.db import open_store
 from matrix.store.models import PIStageResult, Run
 from matrix.store.models import TestOutcome as Outcome
 from matrix.text import markdown_text, store_text, terminal_text
+from matrix_cli.main import main
 
 HOSTILE = "\x1b[31mred\x1b[0m \x07 | <b>`x`</b>\n::error::forged\r##[group]g"
 

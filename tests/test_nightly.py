@@ -20,8 +20,6 @@ from store_content import by_cell, fresh_database, pg_base_url, store_content
 from synthetic_cells import SyntheticCell, expected_keys, write_project
 
 from matrix.cells import Exclusion, load_matrix
-from matrix.cli import main
-from matrix.commands import COMMAND_MODULES
 from matrix.nightly import (
     NightlyOptions,
     StoreMode,
@@ -33,12 +31,13 @@ from matrix.nightly import (
     default_label,
     default_mode,
     run_one_cell,
-    run_report_step,
+    run_report_steps,
     select_cells,
 )
 from matrix.store.access import process_alive
 from matrix.store.db import open_store
 from matrix.store.models import RESULT_TABLES, Run
+from matrix_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_TABLES = [m.__tablename__ for m in RESULT_TABLES if m.__tablename__ != "test_outcomes"]
@@ -123,7 +122,7 @@ def test_cell_commands_and_environment(tmp_path: Path) -> None:
     argv = cell_command(nox, cell)
     assert argv[1:3] == ["-m", "nox"] and argv[-4:] == ["-s", "cell(syn-a)", "--", "-x"]
     run = _options(tmp_path, config)
-    assert cell_command(run, cell)[1:6] == ["-m", "matrix.cli", "run", "--cell", "syn-a"]
+    assert cell_command(run, cell)[1:6] == ["-m", "matrix_cli", "run", "--cell", "syn-a"]
     per_cell = cell_store_url(run, cell)
     assert per_cell.endswith("/nightly-work/stores/syn-a.sqlite")
     shared = _options(tmp_path, config, mode=StoreMode.SHARED, target_url="postgresql+psycopg://h/db")
@@ -173,16 +172,32 @@ def test_a_cell_past_its_timeout_is_ended_with_its_children(tmp_path: Path, chil
     assert pid is not None and not process_alive(pid), "the pytest grandchild was ended too"
 
 
-def test_report_steps_run_commands_on_the_target_store(tmp_path: Path, child_pythonpath: None) -> None:
+def test_report_steps_are_typed_calls_on_the_target_store(tmp_path: Path) -> None:
+    """The regressions step judges the label in this process and writes what ``regressions`` prints; the
+    dashboard step calls the ``publish`` function it is given (none: skipped, a failure: exit 1)."""
     config = write_project(tmp_path, [SyntheticCell("syn-a", 1, 1)])
     options = _options(tmp_path, config)
     options.workdir.mkdir()
     open_store(options.target_url).kw["bind"].dispose()  # run_nightly creates the target first
-    step = run_report_step(options, "summary", ["--all"], _Children())
-    assert step.exit_code == 0 and step.skipped is None
-    assert "the store holds no runs" in step.output.read_text()  # the target store exists, empty
-    missing = run_report_step(options, "no-such-command", [], _Children())
-    assert missing.exit_code is None and "no `no-such-command` command" in (missing.skipped or "")
+    seen: list[Path] = []
+
+    def publish(session: object, thresholds: object, out: Path) -> str:
+        seen.append(out)
+        return "rendered"
+
+    regressions, dashboard = run_report_steps(options, publish)
+    assert regressions.name == "regressions" and regressions.exit_code == 1  # the label has no run
+    assert "nightly-test" in regressions.output.read_text()
+    assert (dashboard.exit_code, dashboard.output.read_text()) == (0, "rendered\n")
+    assert seen == [options.workdir / "site"]
+    (_, skipped) = run_report_steps(options, None)
+    assert skipped.exit_code is None and "no dashboard renderer" in (skipped.skipped or "")
+
+    def broken(session: object, thresholds: object, out: Path) -> str:
+        raise RuntimeError("template missing")
+
+    (_, failed) = run_report_steps(options, broken)
+    assert failed.exit_code == 1 and "RuntimeError: template missing" in failed.output.read_text()
 
 
 # -- per-cell SQLite stores, exported and merged -------------------------------------------------------
@@ -281,14 +296,12 @@ def test_cells_write_postgres_at_once_and_match_the_merged_sqlite_exports(
         assert shared == per_cell
 
 
-# -- regressions and dashboard, when those commands are part of this grace-matrix ----------------------
+# -- regressions and dashboard ------------------------------------------------------------------------
 
 
 def test_a_slower_night_fails_with_new_regressions_and_renders_the_site(
     tmp_path: Path, child_pythonpath: None
 ) -> None:
-    if not {"regressions", "dashboard"} <= set(COMMAND_MODULES):
-        pytest.skip("this grace-matrix has no regressions/dashboard commands yet")
     target = f"sqlite:///{tmp_path / 'history.sqlite'}"
     config = write_project(tmp_path, [SyntheticCell("syn-a", 8, 1)])
     code, report = _nightly(config, target, tmp_path / "night-1", "night-1")

@@ -132,7 +132,7 @@ class FakeDriver:
         monkeypatch.setattr(fill, "fill_function", self._function)
         monkeypatch.setattr(cuda_compat, "graph_root_nodes", lambda graph: [11, 12])
         monkeypatch.setattr(driver, "add_kernel_node", self._add)
-        monkeypatch.setattr(driver, "add_dependencies", self._depend)
+        monkeypatch.setattr(cuda_compat, "graph_add_dependencies", self._depend)
         monkeypatch.setattr(driver, "remove_node", self._remove)
         monkeypatch.setattr(cuda_compat, "kernel_node_params_reading", self._params)
         monkeypatch.setattr(cuda_compat, "exec_kernel_node_setter", self._setter)

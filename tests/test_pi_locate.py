@@ -1,4 +1,4 @@
-"""Finding Inductor's compiled Triton kernels and their PTX (grace.compat.triton), without a GPU."""
+"""Finding Inductor's compiled Triton kernels and their PTX (grace.compat.inductor_kernels), without a GPU."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 triton_compat = pytest.importorskip("grace.compat.triton")
 if not triton_compat.HAS_TRITON:
     pytest.skip("Triton is not installed", allow_module_level=True)
+
+from grace.compat import inductor_kernels  # noqa: E402
 
 
 class CachingAutotuner:  # the name is what locate_inductor_kernels recognises
@@ -41,7 +43,7 @@ def test_locates_compiled_kernels_with_their_ptx() -> None:
     fn, kernel = _compiled()
     meta = {"signature": {"x_ptr": "*fp32"}, "configs": [{(0,): [["tt.divisibility", 16]]}]}
     tuner = CachingAutotuner(fn, meta, [SimpleNamespace(kernel=kernel)])
-    located = triton_compat.locate_inductor_kernels({"triton_probe": tuner, "other": object()})
+    located = inductor_kernels.locate_inductor_kernels({"triton_probe": tuner, "other": object()})
     assert len(located) == 1
     k = located[0]
     assert k.autotuner == "triton_probe" and k.name == "grace_scratch_probe"
@@ -66,10 +68,10 @@ def test_static_launcher_kernels_are_read_from_the_triton_cache(
     static = SimpleNamespace(name="k", hash=digest, cubin_path=None, function=0x99, shared=0, num_warps=4)
     fn = SimpleNamespace(arg_names=[], __name__="k")
     tuner = CachingAutotuner(fn, {"signature": {}}, [SimpleNamespace(kernel=static)])
-    (located,) = triton_compat.locate_inductor_kernels({"k": tuner})
+    (located,) = inductor_kernels.locate_inductor_kernels({"k": tuner})
     assert located.ptx_source == "cache" and located.function == 0x99
     assert located.ptx is not None and ".entry k()" in located.ptx
     missing = SimpleNamespace(name="gone", hash=digest, cubin_path=None, function=1)
     tuner = CachingAutotuner(fn, {"signature": {}}, [SimpleNamespace(kernel=missing)])
-    (located,) = triton_compat.locate_inductor_kernels({"k": tuner})
+    (located,) = inductor_kernels.locate_inductor_kernels({"k": tuner})
     assert located.ptx is None and located.ptx_source == ""

@@ -138,3 +138,27 @@ def test_last_values_skip_a_repeated_write_and_count_both() -> None:
     assert last.changed((1, 3)) is None and (last.copies, last.skipped) == (1, 2)
     with pytest.raises(ValueError, match="3 values for 2 slots"):
         last.changed([1, 2, 3])
+
+
+def test_the_plan_satisfies_the_whole_contract() -> None:
+    from grace.pi_contract import PIPlan, PlanDefaults
+
+    assert isinstance(make_plan(FakeTable()), PIPlan)
+    assert make_plan(FakeTable()).launch_preparation_needed
+
+    class Minimal(PlanDefaults):
+        uncovered_indices = ()
+        bytes_per_replay = 0
+
+        @property
+        def stages(self) -> list[tuple[str, str, str]]:
+            return []
+
+        def update(self, inputs: Sequence[object]) -> bool:
+            return True
+
+    minimal = Minimal()
+    assert isinstance(minimal, PIPlan) and not minimal.launch_preparation_needed
+    assert minimal.health() is None and dict(minimal.uncovered_reasons) == {}
+    with pytest.raises(RuntimeError, match="rebase"):
+        minimal.rebase_placeholders({0: 0x10})

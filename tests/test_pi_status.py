@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import uuid
 from pathlib import Path
 
 import pytest
 
-from matrix.commands import COMMAND_MODULES, pi_status
 from matrix.store.db import open_store
 from matrix.store.models import Cell, PIStageResult, Run
+from matrix_cli.commands import COMMAND_MODULES, pi_status
 
 
 def _cell(session, cell_id: str, triton: str) -> Cell:  # type: ignore[no-untyped-def]
@@ -117,10 +116,6 @@ def test_registered() -> None:
     assert "pi_status" in COMMAND_MODULES
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("matrix.commands._output") is None,
-    reason="CLI output helpers not in this checkout",
-)
 def test_json_output_and_exit_status(store: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(db=store, run=[], cell=[], stage=[], failed=False, json=True)
     assert pi_status.handle(args) == 1

@@ -1,4 +1,4 @@
-"""Logical runs (matrix.regressions.logical): the runs of one cell that share a label are judged as one.
+"""Logical runs (matrix.readmodel.group_runs): the runs of one cell that share a label are judged as one.
 
 The store: a synthetic history whose last night on torch-2.11 arrived as three runs of one label, the
 way a GPU lease cut into calls records it: run A with the first workloads (and the PI results), run B
@@ -17,8 +17,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix import readmodel
+from matrix.readmodel import RunInfo, cell_key
 from matrix.regressions import logical, report
-from matrix.regressions.observations import ResultKey, RunInfo, Suite, cell_key
+from matrix.regressions.observations import ResultKey, Suite
 from matrix.regressions.status import Verdict
 from matrix.regressions.synthetic import DEFAULT_WORKLOADS, SyntheticSpec, seed_history
 from matrix.regressions.thresholds import Thresholds
@@ -35,6 +37,7 @@ from matrix.store.models import (
 from matrix.store.models import (
     TestOutcome as OutcomeRow,
 )
+from suites.records import PIStage
 
 TH = Thresholds()
 SPEC = SyntheticSpec(nights=8)
@@ -166,7 +169,7 @@ def test_a_label_split_over_three_runs_is_judged_as_one_run(
     verdicts = {f.key: f.verdict for f in cell.findings}
     assert Verdict.MISSING not in verdicts.values()
     # every result of the night is judged once, whichever run recorded it
-    per_run = 2 * len(SPEC.workloads) * len(SPEC.modes) + len(SPEC.pi_subjects) * 8
+    per_run = 2 * len(SPEC.workloads) * len(SPEC.modes) + len(SPEC.pi_subjects) * len(PIStage)
     assert len(cell.findings) == per_run
     # the re-run's newer status wins, in both directions
     assert verdicts[ResultKey(Suite.CORRECTNESS, RERUN, "grace")] is Verdict.FAIL
@@ -212,7 +215,7 @@ def test_history_has_one_point_per_logical_run_with_the_owners_medians(
 ) -> None:
     factory, split = split_store
     with factory() as session:
-        runs = logical.group_runs(report.loader.load_runs(session))
+        runs = readmodel.group_runs(report.readmodel.load_runs(session))
         mine = [r for r in runs if r.cell_id == CELL]
         medians = logical.load_medians(session, mine)
         physical = report.loader.load_perf_medians(session)
@@ -244,8 +247,8 @@ def test_unlabelled_runs_stay_separate_runs() -> None:
                     session.delete(row)
         cell_id = session.get_one(Cell, last.cell_pk).cell_id
     with factory() as session:
-        runs = report.loader.load_runs(session)
-        assert logical.group_runs(runs) == runs  # unchanged, in the same order
+        runs = report.readmodel.load_runs(session)
+        assert readmodel.group_runs(runs) == runs  # unchanged, in the same order
         rep = report.detect(session, TH)
     cell = _cell(rep, cell_id)
     assert cell.run.members == () and cell.run.uids == (cell.run.uid,)
@@ -280,20 +283,20 @@ def test_group_runs_orders_folds_and_is_idempotent() -> None:
         _info(6, 40, "n3", "crashed"),
     ]
     other_gpu = dataclasses.replace(_info(7, 1, "n1"), cell_key=cell_key("c", "B200"))
-    grouped = logical.group_runs([*runs, other_gpu])
+    grouped = readmodel.group_runs([*runs, other_gpu])
     assert [r.pks for r in grouped] == [(1, 3), (7,), (2,), (4, 5), (6,)]
     n1 = grouped[0]
     assert (n1.uid, n1.pk, n1.started_at, n1.status) == ("0003-uid", 3, runs[0].started_at, "complete")
     assert grouped[3].status == "running"  # a member still runs
     assert grouped[4] == runs[5]  # one run: unchanged
-    assert logical.group_runs(grouped) == grouped
+    assert readmodel.group_runs(grouped) == grouped
 
 
 def test_merge_latest_keeps_every_row_of_the_owner() -> None:
     run = dataclasses.replace(_info(3, 0, "n"), members=(1, 2, 3), member_uids=("a", "b", "c"))
     rows = {1: [("x", 1), ("y", 1)], 2: [("x", 2), ("x", 2.5)], 3: [("z", 3)], 9: [("y", 9)]}
-    assert logical.merge_latest(run, rows, lambda r: r[0]) == [("y", 1), ("x", 2), ("x", 2.5), ("z", 3)]
-    owner = logical.owners(run, {pk: [k for k, _ in v] for pk, v in rows.items()})
+    assert readmodel.merge_latest(run, rows, lambda r: r[0]) == [("y", 1), ("x", 2), ("x", 2.5), ("z", 3)]
+    owner = readmodel.owners(run, {pk: [k for k, _ in v] for pk, v in rows.items()})
     assert owner == {"x": 2, "y": 1, "z": 3}
     values = {1: {"x": 10.0, "y": 11.0}, 2: {}, 3: {"z": 13.0}}
-    assert logical.merge_owned(owner, values) == {"y": 11.0, "z": 13.0}  # x's owner has no value
+    assert readmodel.merge_owned(owner, values) == {"y": 11.0, "z": 13.0}  # x's owner has no value

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.cli import main
-from matrix.commands import COMMAND_MODULES
 from matrix.regressions import report
 from matrix.regressions.errors import RegressionsError
 from matrix.regressions.observations import ResultKey, Suite
@@ -24,6 +22,8 @@ from matrix.regressions.synthetic import (
 )
 from matrix.regressions.thresholds import ReproSettings, Thresholds
 from matrix.store.db import open_store
+from matrix_cli.commands import COMMAND_MODULES
+from matrix_cli.main import main
 
 TH = Thresholds()
 SPEC = SyntheticSpec(

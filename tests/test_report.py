@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from matrix.commands import COMMAND_MODULES, results_doc
-from matrix.commands import report as report_command
 from matrix.report import build_report, render_markdown, render_text, speedup
 from matrix.store.db import open_store
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, Run, Workload
+from matrix_cli.commands import COMMAND_MODULES, results_doc
+from matrix_cli.commands import report as report_command
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 
@@ -124,6 +124,40 @@ def test_memory_after_the_compiling_call_against_pt2cg(store: Store) -> None:
     assert "42.0 MiB" in line and line.endswith("1.05x")
 
 
+def test_modes_against_the_raw_graph_reference_of_the_same_run(store: Store) -> None:
+    """vs_raw, host_overhead_us and the back-to-back figures come from the raw-graph reference timed in
+    the same run; its columns appear only in tables of runs that timed one."""
+    medians = {"pt2cg": 0.240, "grace": 0.120, "raw-graph": 0.020, "raw-graph-copy": 0.050}
+    b2b = {"pt2cg": 0.100, "grace": 0.030, "raw-graph": 0.010, "raw-graph-copy": 0.020}
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        details = {mode: {"b2b_ms_median": value} for mode, value in b2b.items()}
+        store.results(session, run, "seed", medians, details=details)
+        store.results(session, run, "mlp", {"inductor": 1.0, "grace": 0.5})
+    with store.Session() as session:
+        report = build_report(session)
+    rows = rows_by_mode(report, "seed")
+    assert rows["grace"].vs_raw == pytest.approx(6.0) and rows["grace"].b2b_vs_raw == pytest.approx(3.0)
+    assert rows["grace"].host_overhead_us == pytest.approx(100.0) and rows["grace"].b2b_ms == pytest.approx(
+        0.03
+    )
+    assert rows["raw-graph"].vs_raw == pytest.approx(1.0) and rows["raw-graph"].host_overhead_us == 0.0
+    assert rows["pt2cg"].host_overhead_us == pytest.approx(220.0)
+    assert rows_by_mode(report, "mlp")["grace"].vs_raw is None  # no reference for that workload
+    header = next(line for line in render_text(report).splitlines() if line.startswith("workload"))
+    assert header.split()[-4:] == ["b2b_ms", "vs_raw", "b2b_vs_raw", "host_overhead_us"]
+
+
+def test_tables_without_a_reference_keep_their_columns(store: Store) -> None:
+    with store.Session.begin() as session:
+        run = store.run(session, store.cell(session), 0)
+        store.results(session, run, "mlp", {"inductor": 1.0, "grace": 0.5})
+    with store.Session() as session:
+        text = render_text(build_report(session))
+    header = next(line for line in text.splitlines() if line.startswith("workload"))
+    assert "vs_raw" not in header and header.split()[-1] == "mem_vs_pt2cg"
+
+
 def test_missing_or_skipped_baseline_gives_none(store: Store) -> None:
     with store.Session.begin() as session:
         run = store.run(session, store.cell(session), 0)
@@ -225,7 +259,7 @@ def test_register_adds_parsers() -> None:
 
 def test_report_over_export_files(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matrix.transfer", reason="needs the export format of grace-matrix export")
-    from matrix.cli import main
+    from matrix_cli.main import main
 
     with store.Session.begin() as session:
         run = store.run(session, store.cell(session), 0)

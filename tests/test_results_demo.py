@@ -4,7 +4,7 @@ then given the seeded demo faults and rendered.
 The committed results hold real failures. They must show as FAIL unless an expected.toml entry names
 that very status with a reason (then they are known failures, XFAIL), and nothing any run of a label
 recorded may show as MISSING: one night of one cell arrives as several runs sharing a label, judged as
-one logical run (matrix.regressions.logical). The expected FAIL set is computed here from the files
+one logical run (matrix.readmodel.group_runs). The expected FAIL set is computed here from the files
 themselves, per label the latest run's status of each result, less what expected.toml explains.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from matrix.cli import main
 from matrix.regressions.expected import load_expected_file
 from matrix.regressions.observations import ResultKey, Suite
 from matrix.regressions.status import expectation_for
+from matrix_cli.main import main
 
 log = logging.getLogger(__name__)
 

@@ -101,7 +101,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def _ingest(url: str, *files: Path) -> list[str]:
-    return [sys.executable, "-m", "matrix.cli", "ingest", "--db", url, *map(str, files)]
+    return [sys.executable, "-m", "matrix_cli", "ingest", "--db", url, *map(str, files)]
 
 
 def test_concurrent_ingests_of_one_export_all_succeed_and_add_each_row_once(

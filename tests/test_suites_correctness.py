@@ -266,6 +266,13 @@ def test_performance_flow_with_a_stand_in_gpu(
         return {name: [1.0 + i for i in range(samples)] for name in calls}, {"inductor": "RuntimeError: boom"}
 
     monkeypatch.setattr(performance, "time_interleaved", fake_timing)
+    back_to_back: list[tuple[list[str], int, int]] = []
+
+    def fake_back_to_back(calls: dict[str, Callable[[], Any]], rounds: int, per_sample: int) -> Any:
+        back_to_back.append((sorted(calls), rounds, per_sample))
+        return {name: [0.5] * rounds for name in calls}, {}
+
+    monkeypatch.setattr(performance, "time_back_to_back", fake_back_to_back)
     prepared = harness.PreparedWorkload(get(toy("toy_gpu", linear)), "smoke", CPU, torch.float32)
     prepared.load()
     prepared.device = torch.device("cuda")
@@ -278,6 +285,9 @@ def test_performance_flow_with_a_stand_in_gpu(
     assert (eager.floor_ms, eager.kernel_launches, eager.kernels_in_graphs) == (0.25, 2, 5)
     assert eager.copy_bytes_per_replay is None and eager.details["device_name"] == "stand-in GPU"
     assert eager.details["host_ms_median"] == 0.5
+    # back to back: every mode whose latency timing worked, enough calls for 2 ms at the fastest (1.0 ms)
+    assert back_to_back == [(["eager", "grace", "pt2cg"], 5, 4)]
+    assert eager.details["b2b_ms_median"] == 0.5 and eager.details["b2b_calls_per_sample"] == 4
     assert (
         records["inductor"].status is PerformanceStatus.FAIL_TO_RUN and "boom" in records["inductor"].reason
     )

@@ -54,6 +54,18 @@ def test_records_statuses_and_order(tmp_path: Path) -> None:
     assert all(line["format"] == 1 and line["nodeid"].startswith("suites/") for line in lines)
 
 
+def test_timing_references_are_timed_but_never_judged_for_correctness(tmp_path: Path) -> None:
+    proc, lines = run_suites(tmp_path, "--workloads=mlp", "--modes=eager,raw-graph,raw-graph-copy")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kinds = sorted((line["record"]["kind"], line["record"]["mode"]) for line in lines)
+    assert kinds == [
+        ("correctness", "eager"),
+        ("performance", "eager"),
+        ("performance", "raw-graph"),
+        ("performance", "raw-graph-copy"),
+    ]
+
+
 def test_time_budget_skips_without_records(tmp_path: Path) -> None:
     proc, lines = run_suites(tmp_path, "--workloads=mlp", "--modes=eager", "--time-budget-s=1e-9", "-rs")
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -69,7 +69,7 @@ def test_the_blocker_hides_torch() -> None:
 def test_triton_only_cell_runs_its_suites_without_torch(tmp_path: Path) -> None:
     cell_id = _installed_triton_cell()
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    argv = [sys.executable, "-m", "matrix.cli", "run", "--cell", cell_id, "--db", url, "-n", "0"]
+    argv = [sys.executable, "-m", "matrix_cli", "run", "--cell", cell_id, "--db", url, "-n", "0"]
     argv += ["--label", "no-torch", "--", "-q", "-p", "no:cacheprovider"]
     proc = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=540)
     output = proc.stdout + proc.stderr

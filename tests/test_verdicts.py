@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from matrix.cli import main
 from matrix.regressions.errors import RegressionsConfigError
 from matrix.regressions.expected import expectations_from_mapping
 from matrix.regressions.observations import RUN_SUBJECT, TEST_MODE, Observation, ResultKey, Suite
@@ -26,6 +25,7 @@ from matrix.regressions.status import Verdict, bearing_verdicts, judge_run
 from matrix.store.db import open_store
 from matrix.store.models import PIStageResult, Run
 from matrix.store.models import TestOutcome as Outcome
+from matrix_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

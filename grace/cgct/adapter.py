@@ -25,12 +25,15 @@ device in one asynchronous copy, and the inputs become views of that device buff
 aligned offset (the alignment Inductor's kernels are specialised for). One copy instead of one per
 tensor is what keeps a model with several CPU scalars cheap to launch. Tensors the batch cannot pack
 as plain bytes (not a dense CPU tensor, autograd history, mixed dtypes, fake tensors during compile)
-take the per-step path for that call.
+take the per-step path for that call. The device buffer is one fixed home per layout, reused on every
+call, so a CUDA graph finds its hoisted inputs at the addresses it was captured with (Note: [A fixed
+home for hoisted inputs]).
 
 Invariants: steps never modify the caller's tensors nor hold a strong reference to an input; before
 each call every mirror holds its attribute's current bytes; the returned list has one entry per
 placeholder of the transformed graph, in order; a batched call yields, per input, the same values,
-dtype, shape and strides as the per-step copies.
+dtype, shape and strides as the per-step copies; no output handed to the caller lives in memory the
+adapter writes again (grace.adapting).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 import torch
 
 from grace.compat import torch as torch_compat
+from grace.hostref import map_tensors
 from grace.staging import StagingRing
 
 log = logging.getLogger(__name__)
@@ -277,6 +281,22 @@ _ALIGN_BYTES = 16
 _LAYOUTS_KEPT = 16  # call patterns of one batch whose packing is kept (dynamic shapes: a few)
 
 
+# Note: [A fixed home for hoisted inputs]
+# A batch copies its CPU tensors into one device buffer per layout that it keeps (the layout's home),
+# not into a fresh allocation per call: the graph reads its hoisted inputs at the addresses it was
+# captured with, so a replay needs no pointer update, and the inputs handed to the runner are the same
+# views on every call. Three things make reusing the home safe:
+# - order on the GPU: the copy into the home is queued on the current stream; when that stream is not
+#   the one the previous call used, it first waits for that stream, so no run still queued there reads
+#   the home while it is rewritten. Within one stream, queue order does it.
+# - order on the host: one call's copy and compiled run are not interleaved with another call's
+#   (grace.adapting), so a call's graph reads that call's values.
+# - outputs: a graph may return a hoisted input or a view of it (``return cpu_ids.to("cuda")``). Eager
+#   returns a fresh tensor each call; the home would be overwritten by the next one. ``returned`` looks
+#   at the first call's outputs of each layout, and an output inside a home ends the reuse for the whole
+#   batch: later calls copy into fresh buffers (the output already returned is never written again).
+
+
 class HoistBatch:
     """Several ``HoistStep`` to one device, applied with one host-to-device copy (see the module doc)."""
 
@@ -288,6 +308,9 @@ class HoistBatch:
         self._layouts: dict[tuple[Any, ...], _PackedLayout] = {}
         self.batched_calls = 0
         self.fallback_calls = 0
+        self.reuse_homes = True  # Note: [A fixed home for hoisted inputs]; False once an output was in one
+        self._unconfirmed: list[_PackedLayout] = []  # layouts whose home has not yet been seen in outputs
+        self._last_stream: Any = None
 
     def _packable(self, tensors: list[Any]) -> torch.dtype | None:
         dtype = None
@@ -312,12 +335,43 @@ class HoistBatch:
             self._ring = StagingRing(dtype, self.device)
         host = self._ring.acquire(layout.total)
         torch_compat.foreach_copy(layout.host_views(host), tensors)  # one call packs every tensor
-        device_buffer = torch.empty(layout.total, dtype=dtype, device=self.device)
-        device_buffer.copy_(host[: layout.total], non_blocking=True)
+        if self.reuse_homes:
+            target, views = layout.home(self.device)
+            self._wait_for_last_stream()
+            if not layout.home_confirmed:
+                self._unconfirmed.append(layout)
+        else:
+            target = torch.empty(layout.total, dtype=dtype, device=self.device)
+            views = layout.device_views(target)
+        target.copy_(host[: layout.total], non_blocking=True)
         self._ring.issued()
-        for i, view in zip(self.indices, layout.device_views(device_buffer), strict=True):
+        for i, view in zip(self.indices, views, strict=True):
             inputs[i] = view
         self.batched_calls += 1
+
+    def returned(self, outputs: Any) -> None:
+        """Stop reusing homes when an output lives in one (Note: [A fixed home for hoisted inputs])."""
+        if not self._unconfirmed:
+            return
+        homes = {layout.home_storage for layout in self._unconfirmed}
+        storages: list[int] = []
+        map_tensors(lambda t: storages.append(int(t.untyped_storage().data_ptr())), outputs)
+        if homes.intersection(storages):
+            self.reuse_homes = False
+            log.debug("grace: a graph returned a hoisted input; its hoists now copy into fresh buffers")
+        else:
+            for layout in self._unconfirmed:
+                layout.home_confirmed = True
+        self._unconfirmed.clear()
+
+    def _wait_for_last_stream(self) -> None:
+        if self.device.type != "cuda" or self._ring is None:
+            return
+        stream = self._ring.current_stream()
+        last = self._last_stream
+        if last is not None and last is not stream:
+            stream.wait_stream(last)
+        self._last_stream = stream
 
     def _layout_of(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> _PackedLayout:
         key = (dtype, *((tuple(t.shape), t.stride()) for t in tensors))
@@ -325,6 +379,7 @@ class HoistBatch:
         if layout is None:
             if len(self._layouts) >= _LAYOUTS_KEPT:
                 self._layouts.clear()
+                self._unconfirmed.clear()
             layout = self._layouts[key] = _PackedLayout.of(tensors, dtype)
         return layout
 
@@ -337,6 +392,7 @@ class _PackedLayout:
 
     def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], dtype: torch.dtype) -> None:
         unit = max(1, _ALIGN_BYTES // dtype.itemsize)
+        self._dtype = dtype
         self.shapes = shapes
         self.offsets: list[int] = []
         total = 0
@@ -350,6 +406,19 @@ class _PackedLayout:
         )
         self.rows = self.offsets[1] - self.offsets[0] if uniform and len(shapes) > 1 else 0
         self._host: dict[int, list[torch.Tensor]] = {}
+        self._home: tuple[torch.Tensor, Sequence[torch.Tensor]] | None = None
+        self.home_storage = 0
+        self.home_confirmed = False  # a call's outputs were seen and none lived in the home
+
+    def home(self, device: torch.device) -> tuple[torch.Tensor, Sequence[torch.Tensor]]:
+        """The device buffer this layout's tensors are copied into on every call, and its views (the
+        inputs the graph gets), made on first use (Note: [A fixed home for hoisted inputs])."""
+        if self._home is None:
+            dtype = self._dtype
+            buffer = torch.empty(self.total, dtype=dtype, device=device)
+            self._home = (buffer, tuple(self.device_views(buffer)))
+            self.home_storage = int(buffer.untyped_storage().data_ptr())
+        return self._home
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], dtype: torch.dtype) -> _PackedLayout:
@@ -391,15 +460,22 @@ class InputAdapter:
 
     steps: list[Step] = field(default_factory=list)
     _plan: list[Step | HoistBatch] = field(default_factory=list, init=False, repr=False)
+    _batches: list[HoistBatch] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._plan = batched_plan(self.steps)
+        self._batches = [step for step in self._plan if isinstance(step, HoistBatch)]
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         adapted = list(inputs)
         for step in self._plan:
             step.apply(adapted)
         return adapted
+
+    def returned(self, outputs: Any) -> None:
+        """See grace.adapting: batches that reuse device memory check that no output lives there."""
+        for batch in self._batches:
+            batch.returned(outputs)
 
     def apply(self, inputs: Sequence[Any], device_map: DeviceMap | None = None) -> list[Any]:
         adapted = list(inputs)

@@ -29,10 +29,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from grace.compat import dynamo as compat
+from grace.compat.dynamo import TorchDispatchMode, tree_flatten, tree_map
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils._pytree import tree_flatten, tree_map
 
 from grace.cgct.pipeline import CGCTResult
+from grace.compat.dynamo import tree_flatten, tree_map
 
 TensorMap = Callable[[torch.Tensor], torch.Tensor]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # cuLaunchKernel ``extra`` markers (cuda.h): CU_LAUNCH_PARAM_END, _BUFFER_POINTER, _BUFFER_SIZE.
@@ -66,7 +66,8 @@ def bindings_version() -> str | None:
     return None
 
 
-def _require() -> Any:
+def require_driver() -> Any:
+    """The driver module; raises ``CudaDriverError`` (saying why) when cuda-bindings is not available."""
     drv = driver()
     if drv is None:
         raise CudaDriverError(f"cuda-bindings is not available: {import_error()}")
@@ -116,10 +117,23 @@ def ensure_context_current(device_index: int) -> None:
     if drv is not None:
         current = check("cuCtxGetCurrent", drv.cuCtxGetCurrent())
         if current is None or int(current) == 0:
-            device = check("cuDeviceGet", drv.cuDeviceGet(device_index))
-            primary = check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(device))
-            check("cuCtxSetCurrent", drv.cuCtxSetCurrent(primary))
+            _set_primary_context(drv, device_index)
     seen.add(device_index)
+
+
+def make_primary_context_current(device_index: int = 0) -> int:
+    """Initialise the driver and make the device's primary context (the one torch and Triton use)
+    current, whatever is current now; returns it (for callers without torch, such as the stage suite)."""
+    drv = require_driver()
+    check("cuInit", drv.cuInit(0))
+    return _set_primary_context(drv, device_index)
+
+
+def _set_primary_context(drv: Any, device_index: int) -> int:
+    device = check("cuDeviceGet", drv.cuDeviceGet(device_index))
+    primary = check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(device))
+    check("cuCtxSetCurrent", drv.cuCtxSetCurrent(primary))
+    return int(primary)
 
 
 @functools.cache
@@ -148,7 +162,7 @@ def capturing_graph(stream_handle: int) -> int:
     The way to reach the graph on torch releases without ``keep_graph`` (DESIGN 3.2). The handle is owned
     by the capture: valid until the capture ends.
     """
-    drv = _require()
+    drv = require_driver()
     result = drv.cuStreamGetCaptureInfo(drv.CUstream(stream_handle))
     code = int(result[0])
     if code != 0:
@@ -160,7 +174,7 @@ def capturing_graph(stream_handle: int) -> int:
 
 
 def _node_list(name: str, graph: int) -> list[int]:
-    drv = _require()
+    drv = require_driver()
     call = getattr(drv, name)
     handle = drv.CUgraph(graph)
     _, count = check(name, call(handle, 0))
@@ -181,7 +195,7 @@ def graph_root_nodes(graph: int) -> list[int]:
 
 def node_type(node: int) -> str:
     """Lower-case node type without prefix: ``kernel``, ``memcpy``, ``memset``, ``graph``, ..."""
-    drv = _require()
+    drv = require_driver()
     kind = check("cuGraphNodeGetType", drv.cuGraphNodeGetType(drv.CUgraphNode(node)))
     name = getattr(kind, "name", str(kind))
     return name.replace("CU_GRAPH_NODE_TYPE_", "").lower()
@@ -190,7 +204,7 @@ def node_type(node: int) -> str:
 def kernel_node_params(node: int) -> dict[str, Any]:
     """The fields of ``CUDA_KERNEL_NODE_PARAMS`` as ints: func, kern, grid, block, shared memory, and
     the addresses of the ``kernelParams`` and ``extra`` arrays (owned by the node)."""
-    drv = _require()
+    drv = require_driver()
     params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(node)))
     return {
         "func": int(params.func),
@@ -209,12 +223,12 @@ def function_of(func: int, kern: int) -> int:
         return func
     if not kern:
         return 0
-    drv = _require()
+    drv = require_driver()
     return int(check("cuKernelGetFunction", drv.cuKernelGetFunction(drv.CUkernel(kern))))
 
 
 def function_name(func: int) -> str | None:
-    drv = _require()
+    drv = require_driver()
     if not func or not hasattr(drv, "cuFuncGetName"):
         return None
     try:
@@ -226,7 +240,7 @@ def function_name(func: int) -> str | None:
 
 def param_info(func: int, index: int) -> tuple[int, int] | None:
     """(offset, size) of parameter ``index`` of ``func``; None past the last parameter."""
-    drv = _require()
+    drv = require_driver()
     result = drv.cuFuncGetParamInfo(drv.CUfunction(func), index)
     if int(result[0]) != 0:
         return None
@@ -236,18 +250,18 @@ def param_info(func: int, index: int) -> tuple[int, int] | None:
 def graph_clone(graph: int) -> int:
     """``cuGraphClone``: a new graph with copies of ``graph``'s nodes, edges and parameters (the caller
     destroys it with ``graph_destroy``)."""
-    drv = _require()
+    drv = require_driver()
     return int(check("cuGraphClone", drv.cuGraphClone(drv.CUgraph(graph))))
 
 
 def graph_destroy(graph: int) -> None:
-    drv = _require()
+    drv = require_driver()
     check("cuGraphDestroy", drv.cuGraphDestroy(drv.CUgraph(graph)))
 
 
 def set_kernel_node_function(node: int, func: int) -> None:
     """Swap the function a kernel node launches, keeping grid, block and parameters."""
-    drv = _require()
+    drv = require_driver()
     handle = drv.CUgraphNode(node)
     params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(handle))
     params.func = drv.CUfunction(func)
@@ -278,7 +292,7 @@ def kernel_node_params_reading(node: int, kernel_params: int) -> Any:
     The caller keeps the array, and the argument buffers it points to, alive as long as the object is
     used: the driver reads them at each call that is given the object.
     """
-    drv = _require()
+    drv = require_driver()
     params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(node)))
     return with_kernel_params(params, kernel_params)
 
@@ -299,7 +313,7 @@ def exec_kernel_node_setter(graph_exec: int, node: int, params: Any) -> Callable
     comparison. CUDA documents that the update affects later launches of ``graph_exec`` only, never
     launches already queued or running.
     """
-    drv = _require()
+    drv = require_driver()
     if not has_exec_kernel_node_set_params():
         raise CudaDriverError("these cuda-bindings have no cuGraphExecKernelNodeSetParams")
     call = drv.cuGraphExecKernelNodeSetParams
@@ -328,3 +342,43 @@ def clear_last_error() -> None:
         runtime.cudaGetLastError()
     except Exception:
         return
+
+
+_DEVICE_UPDATABLE = "DEVICE_UPDATABLE_KERNEL_NODE"
+
+
+@functools.cache
+def device_updatable_attribute() -> tuple[Any, Any]:
+    """The device-updatable attribute id and the node attribute value type, across bindings releases.
+
+    ``cuGraphKernelNodeSetAttribute`` type-checks its value (``CUkernelNodeAttrValue``, which is not the
+    launch attribute value class in every release: docs/design/pi.md) but takes the id by value, so the
+    id may come from ``CUkernelNodeAttrID`` or ``CUlaunchAttributeID``. Raises
+    ``RuntimeError`` where the bindings have neither (CUDA < 12.4).
+    """
+    drv = require_driver()
+    value_type = getattr(drv, "CUkernelNodeAttrValue", None) or getattr(drv, "CUlaunchAttributeValue", None)
+    if value_type is None:
+        raise RuntimeError("these cuda-bindings have no kernel node attribute values (CUDA >= 12.4 needed)")
+    for enum_name in ("CUkernelNodeAttrID", "CUlaunchAttributeID"):
+        enum_type = getattr(drv, enum_name, None)
+        for prefix in ("CU_LAUNCH_ATTRIBUTE_", "CU_KERNEL_NODE_ATTRIBUTE_"):
+            member = getattr(enum_type, prefix + _DEVICE_UPDATABLE, None) if enum_type is not None else None
+            if member is not None:
+                return member, value_type
+    raise RuntimeError("these cuda-bindings have no device-updatable kernel node attribute (CUDA >= 12.4)")
+
+
+def graph_add_dependencies(graph: int, before: int, after: Sequence[int]) -> None:
+    """Edges ``before -> a`` for every ``a`` in ``after`` (the 4- and 5-argument forms of the call)."""
+    drv = require_driver()
+    if not after:
+        return
+    src = [drv.CUgraphNode(before)] * len(after)
+    dst = [drv.CUgraphNode(a) for a in after]
+    g = drv.CUgraph(graph)
+    try:
+        result = drv.cuGraphAddDependencies(g, src, dst, len(after))
+    except TypeError:  # CUDA 13 bindings: (graph, from, to, edgeData, count)
+        result = drv.cuGraphAddDependencies(g, src, dst, None, len(after))
+    check("cuGraphAddDependencies", result)

@@ -40,6 +40,12 @@ from typing import Any
 import torch
 import torch.fx
 
+# FX's tree utilities and the dispatch mode base, from private modules on every release: CGCT uses them
+# through these names only.
+from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
+from torch.utils._pytree import tree_flatten as tree_flatten
+from torch.utils._pytree import tree_map as tree_map
+
 log = logging.getLogger(__name__)
 
 # Forbidden ops as listed by torch 2.4 (inside has_incompatible_cudagraph_ops); used only when the
@@ -91,6 +97,7 @@ def graph_partition_enabled() -> bool:
     return bool(getattr(_inductor_config(), "graph_partition", False))
 
 
+@functools.cache
 def graph_partition_supported() -> bool:
     return hasattr(_inductor_config(), "graph_partition")
 
@@ -273,20 +280,6 @@ def fake_like(reference: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
 
 
-def relocate_tensor(tensor: torch.Tensor, device: torch.device) -> None:
-    """Move ``tensor`` to ``device`` in place: every holder (module, list, closure) sees the move.
-
-    Uses the ``.data`` setter, which keeps the Python object, its class (``Parameter``) and its
-    ``requires_grad``. A fake tensor also carries its device in ``fake_device``.
-    """
-    mode = getattr(tensor, "fake_mode", None)
-    with mode if mode is not None else contextlib.nullcontext():
-        moved = tensor.data.to(device)
-        tensor.data = moved
-    if is_fake(tensor):
-        tensor.fake_device = moved.device  # type: ignore[attr-defined]
-
-
 def mark_static_input(node: torch.fx.Node, tensor: torch.Tensor) -> None:
     """Tell Dynamo/AOT that a placeholder holds a tensor with a stable address (no copy per replay)."""
     tensor_dict = node.meta.get("tensor_dict")
@@ -398,6 +391,11 @@ def clone_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return clone
 
 
+def is_op_overload(target: object) -> bool:
+    """Whether an FX node's target is an ATen operator overload (``torch.ops.aten.x.default``)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
 def copy_node_attributes(old: torch.fx.Node, new: torch.fx.Node) -> None:
     if hasattr(old, "_dynamo_source"):
         new._dynamo_source = old._dynamo_source  # type: ignore[attr-defined]
@@ -406,11 +404,11 @@ def copy_node_attributes(old: torch.fx.Node, new: torch.fx.Node) -> None:
 # ---------------------------------------------------------------------------------------------------
 # Note [Asking Dynamo to retrace]
 # Dynamo calls the backend inside OutputGraph.call_user_compiler and turns any exception into
-# BackendCompilerFailed, except an allow-list. Plain RestartAnalysis is not on it (verified on 2.13:
-# a backend raising it fails the compile). TensorifyScalarRestartAnalysis, a RestartAnalysis subclass,
-# is re-raised unwrapped by the releases that have the tensorify pass, and convert_frame's restart loop
-# then traces the frame again (also verified on 2.13). On releases where no subclass passes through
-# (2.4, 2.5), CGCT does not ask for a retrace: it mirrors the attribute on the GPU instead
+# BackendCompilerFailed, except an allow-list. Plain RestartAnalysis is not on it: a backend raising it
+# fails the compile. TensorifyScalarRestartAnalysis, a RestartAnalysis subclass, is re-raised unwrapped
+# by the releases that have the tensorify pass, and convert_frame's restart loop then traces the frame
+# again (both verified: docs/design/cgct.md). On releases where no subclass passes through (2.4, 2.5),
+# CGCT does not ask for a retrace: it mirrors the attribute on the GPU instead
 # (grace/cgct/transforms/attributes.py).
 
 
@@ -436,14 +434,3 @@ def restart_exception_type() -> type[BaseException] | None:
         if "TensorifyScalarRestartAnalysis" in source:
             return candidate
     return None
-
-
-def make_restart(reason: str) -> BaseException | None:
-    """The exception that asks Dynamo to retrace, or None where a backend cannot ask for it."""
-    exception_type = restart_exception_type()
-    if exception_type is None:
-        return None
-    try:
-        return exception_type(restart_reason=reason)  # type: ignore[call-arg]
-    except TypeError:  # releases whose RestartAnalysis takes no keyword
-        return exception_type(reason)

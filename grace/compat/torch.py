@@ -14,24 +14,16 @@ number, and every helper keeps one signature whatever the release. Facts relied 
   (on the tensor and in the placeholder's ``tensor_dict`` meta); older releases keep parameters as
   ``get_attr`` nodes, so they are no inputs at all.
 - ``torch._dynamo.reset`` calls ``reset()`` on every cached backend that has one.
-- Inductor sets ``TRITON_PTXAS_PATH``, when unset, to a ptxas torch ships, before it compiles Triton
-  kernels: ``torch/bin/ptxas`` in 2.11 (its CUDA 13 builds ship a 13.0 ptxas; the variable is set in the
-  compiling process and its workers), ``torch/_inductor/bin/ptxas`` in the ``runtime/compile_tasks.py``
-  of 2.13. Kernels compiled so are written for that ptxas, not for Triton's own, and a process that
-  loads them from Inductor's cache never sets the variable.
-- cuBLAS (and cuBLASLt) keep one workspace per (handle, stream), allocated lazily from the caching
-  allocator on a stream's first matmul and held until ``torch._C._cuda_clearCublasWorkspaces()`` (present
-  in every supported release; cudagraph trees call it around each warm-up and recording). A workspace
-  allocated while a stream captures lands in that capture's private pool.
-- Dynamo counts the top-level calls of compiled functions: each entry into a ``torch.compile``d
-  function adds one to ``torch._dynamo.mutation_guard.GenerationTracker.generation`` (every supported
-  release; cudagraph trees read it to tell one call's graphs from the next call's), and
-  ``torch.compiler.cudagraph_mark_step_begin()`` counts ``torch._inductor.cudagraph_trees.MarkStepBox
-  .mark_step_counter`` down from 0 (2.1 on), which trees then use instead. ``torch._C._storage_Use_Count``
-  counts the tensors (and Python storage objects) holding a storage, not weak references to it.
-- Dynamo's C++ ``TensorGuards`` (``torch._C._dynamo.guards``) checks tensor metadata in one call; its
-  constructor takes ``dynamic_dims_sizes``/``dynamic_dims_strides`` from 2.1 on. It is probed, and the
-  runner falls back to its Python signature where the probe fails.
+- Inductor sets ``TRITON_PTXAS_PATH``, when unset, to a ptxas torch ships (``torch/bin/ptxas`` in 2.11,
+  ``torch/_inductor/bin/ptxas`` in 2.13) before it compiles Triton kernels, which are then written for
+  that ptxas; a process loading them from Inductor's cache never sets it (``inductor_worker_ptxas``).
+- cuBLAS keeps one workspace per (handle, stream), allocated lazily on a stream's first matmul and held
+  until ``torch._C._cuda_clearCublasWorkspaces()``; one allocated during a capture lands in its pool.
+- Dynamo counts top-level calls of compiled functions (``GenerationTracker.generation``), and
+  ``cudagraph_mark_step_begin()`` counts ``MarkStepBox.mark_step_counter`` down from 0;
+  ``torch._C._storage_Use_Count`` counts the holders of a storage, not its weak references.
+- Dynamo's C++ ``TensorGuards`` checks tensor metadata in one call; its constructor's keywords are
+  probed, with the Python signature as the fallback.
 
 Invariant: nothing here runs CUDA work at import; importing works on CPU-only builds.
 """
@@ -322,37 +314,6 @@ def graph_code_hash(gm: torch.fx.GraphModule) -> str:
     except Exception:
         code = str(gm.graph)
     return hashlib.sha256(code.encode()).hexdigest()[:24]
-
-
-def backend_restart_exception() -> type[BaseException] | None:
-    """The ``RestartAnalysis`` subclass that Dynamo lets out of a backend call, or None.
-
-    Dynamo wraps a plain ``RestartAnalysis`` raised by a backend into ``BackendCompilerFailed``; releases
-    that pass ``TensorifyScalarRestartAnalysis`` through (2.13 does) restart the frame's analysis with it.
-    """
-    try:
-        import torch._dynamo.exc as dynamo_exc
-        import torch._dynamo.output_graph as output_graph
-    except Exception:
-        return None
-    cls = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", None)
-    if cls is None or getattr(output_graph, "TensorifyScalarRestartAnalysis", None) is not cls:
-        return None
-    return cls  # type: ignore[no-any-return]
-
-
-def as_backend_restart(exc: BaseException) -> BaseException:
-    """``exc`` (a ``RestartAnalysis``) in the form Dynamo restarts on when a backend raises it."""
-    cls = backend_restart_exception()
-    if cls is None or isinstance(exc, cls):
-        return exc
-    reason = getattr(exc, "restart_reason", None)
-    try:
-        converted = cls(*exc.args, restart_reason=reason)  # type: ignore[call-arg]
-    except TypeError:
-        converted = cls(*exc.args)
-    converted.__cause__ = exc
-    return converted
 
 
 def register_backend(name: str, fn: Callable[..., Any]) -> bool:

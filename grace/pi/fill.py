@@ -2,8 +2,8 @@
 
 Problem: the copy path (grace.pi.table) writes the table before each replay with its own host-to-device
 copy: a torch ``copy_`` dispatch and an event record on the host, and on the GPU a small copy on the
-copy engine that the graph launch waits for (measured on an H200, 64 inputs of 1M floats: about 21 us of
-idle GPU per call between that copy and the graph's first kernel).
+copy engine that the graph launch waits for, idling the GPU before the graph's first kernel (the
+measurements are in docs/design/pi.md).
 
 Design: a tiny kernel, ``grace_pi_fill(table, values)``, takes the slot values by value (a struct of
 ``bucket`` 64-bit values, one kernel parameter) and writes them into the table, one thread per slot.
@@ -36,9 +36,10 @@ import logging
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from grace.pi.table import SLOT_BYTES, CountsWrites, LastValues, PointerTable
+from grace.pi_contract import PIStage, StageSink, StageStatus
 
 if TYPE_CHECKING:
     from grace.pi.driver import ParamBuffer
@@ -69,17 +70,13 @@ TABLE_UPDATE_NODE = "node"
 class FillUnavailable(RuntimeError):
     """The fill node cannot serve this table; ``status`` is the stage status (skip or fail)."""
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: StageStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
 class FillUnsafe(RuntimeError):
     """A fill node is in the graph and could not be taken out again: the graph must not use PI."""
-
-
-class StageSink(Protocol):
-    def add(self, stage: str, status: str, message: str) -> None: ...
 
 
 def bucket(slots: int) -> int | None:
@@ -106,7 +103,7 @@ class FillLayout:
         size = bucket(slots)
         if size is None:
             raise FillUnavailable(
-                "skip",
+                StageStatus.SKIP,
                 f"{slots} slots exceed the fill kernel's parameter block ({MAX_FILL_SLOTS} slots fit in "
                 f"{PARAM_BLOCK_BYTES} bytes)",
             )
@@ -228,19 +225,21 @@ def _add_node(
     try:
         nvrtc.bindings()
     except nvrtc.NvrtcError as exc:
-        raise FillUnavailable("skip", str(exc)) from exc
+        raise FillUnavailable(StageStatus.SKIP, str(exc)) from exc
     try:
         function = fill_function(layout, capability, device_index)
     except Exception as exc:
-        raise FillUnavailable("fail", f"building the fill kernel: {type(exc).__name__}: {exc}") from exc
+        raise FillUnavailable(
+            StageStatus.FAIL, f"building the fill kernel: {type(exc).__name__}: {exc}"
+        ) from exc
     params = driver.ParamBuffer([layout.table_param(table.address(0)), layout.values_param(initial)])
     try:
         roots = cuda_compat.graph_root_nodes(graph)
         node = driver.add_kernel_node(graph, function, (1, 1, 1), layout.block, params)
     except Exception as exc:
-        raise FillUnavailable("fail", f"adding the fill node: {type(exc).__name__}: {exc}") from exc
+        raise FillUnavailable(StageStatus.FAIL, f"adding the fill node: {type(exc).__name__}: {exc}") from exc
     try:
-        driver.add_dependencies(graph, node, roots)
+        cuda_compat.graph_add_dependencies(graph, node, roots)
         node_params = cuda_compat.kernel_node_params_reading(node, params.address)
     except Exception as exc:
         why = f"ordering the fill node before the graph's roots: {type(exc).__name__}: {exc}"
@@ -248,7 +247,7 @@ def _add_node(
             driver.remove_node(node)
         except Exception as again:
             raise FillUnsafe(f"{why}; removing it again: {type(again).__name__}: {again}") from again
-        raise FillUnavailable("fail", why) from exc
+        raise FillUnavailable(StageStatus.FAIL, why) from exc
     return FillTable(table, node, layout, params, node_params, len(roots))
 
 
@@ -271,7 +270,7 @@ def serve(
 
     copy_note = f"{table.slots} slots written by one host-to-device copy of {table.bytes_per_copy} bytes"
     if mode == TABLE_UPDATE_COPY:
-        stages.add("table", "pass", f"copy: {copy_note} per replay (pi_table_update='copy')")
+        stages.add(PIStage.TABLE, StageStatus.PASS, f"copy: {copy_note} per replay (pi_table_update='copy')")
         return table
     if mode != TABLE_UPDATE_NODE:
         raise ValueError(
@@ -279,19 +278,25 @@ def serve(
         )
     try:
         if capturing:
-            raise FillUnavailable("skip", "the graph is still being captured (torch without keep_graph)")
+            raise FillUnavailable(
+                StageStatus.SKIP, "the graph is still being captured (torch without keep_graph)"
+            )
         if not torch_compat.has_raw_cuda_graph_exec():
-            raise FillUnavailable("skip", "this torch gives no executable graph handle (raw_cuda_graph_exec)")
+            raise FillUnavailable(
+                StageStatus.SKIP, "this torch gives no executable graph handle (raw_cuda_graph_exec)"
+            )
         if not cuda_compat.has_exec_kernel_node_set_params():
-            raise FillUnavailable("skip", "these cuda-bindings have no cuGraphExecKernelNodeSetParams")
+            raise FillUnavailable(
+                StageStatus.SKIP, "these cuda-bindings have no cuGraphExecKernelNodeSetParams"
+            )
         served = _add_node(graph, table, initial, capability, device_index)
     except FillUnavailable as exc:
-        stages.add("table", exc.status, f"copy: {exc} (pi_table_update='node'); {copy_note} per replay")
+        stages.add(PIStage.TABLE, exc.status, f"copy: {exc} (pi_table_update='node'); {copy_note} per replay")
         logger.info("grace PI: the pointer table falls back to copies: %s", exc)
         return table
     stages.add(
-        "table",
-        "pass",
+        PIStage.TABLE,
+        StageStatus.PASS,
         f"node: a fill kernel node ({served.layout.bucket}-slot variant) ahead of the graph's "
         f"{served.ahead_of} root nodes writes {table.slots} slots; one parameter update of "
         f"{served.bytes_per_copy} bytes per replay",

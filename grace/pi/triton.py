@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grace.pi import ptx as ptx_rewrite
+from grace.pi_contract import PIStage
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def _divisible_args(triton_meta: Mapping[str, Any], arg_names: Sequence[str]) ->
 
 
 def describe(located: Any, autotuner_meta: Mapping[str, Any] | None = None) -> TritonKernel:
-    """Build the ``TritonKernel`` of a ``grace.compat.triton.LocatedKernel``."""
+    """Build the ``TritonKernel`` of a ``grace.compat.inductor_kernels.LocatedKernel``."""
     from grace.compat import triton as triton_compat
 
     base = {
@@ -128,7 +129,7 @@ _built_lock = threading.Lock()
 class BuildError(RuntimeError):
     """Rewrite, assembly or loading failed; ``stage`` names which (rewrite, assemble, load)."""
 
-    def __init__(self, stage: str, message: str) -> None:
+    def __init__(self, stage: PIStage, message: str) -> None:
         super().__init__(message)
         self.stage = stage
 
@@ -143,11 +144,11 @@ def build(
     from grace.pi import driver
 
     if kernel.param_map is None or kernel.ptx is None:
-        raise BuildError("rewrite", kernel.problem or "kernel has no parameter map")
+        raise BuildError(PIStage.REWRITE, kernel.problem or "kernel has no parameter map")
     try:
         result = ptx_rewrite.rewrite_pointer_params(kernel.ptx, kernel.param_map, indices)
     except ptx_rewrite.PtxRefused as exc:
-        raise BuildError("rewrite", str(exc)) from exc
+        raise BuildError(PIStage.REWRITE, str(exc)) from exc
     key = (device_index, capability, hashlib.sha256(result.ptx.encode()).hexdigest())
     with _built_lock:
         cached = _built.get(key)
@@ -163,11 +164,11 @@ def build(
                 ptxas=ptxas,
             )
         except triton_compat.ToolError as exc:
-            raise BuildError("assemble", str(exc).splitlines()[0]) from exc
+            raise BuildError(PIStage.ASSEMBLE, str(exc).splitlines()[0]) from exc
         try:
             loaded = driver.load_kernel(cubin, kernel.param_map.entry.name, kernel.shared)
         except Exception as exc:
-            raise BuildError("load", f"{type(exc).__name__}: {exc}") from exc
+            raise BuildError(PIStage.LOAD, f"{type(exc).__name__}: {exc}") from exc
         built = BuiltKernel(
             function=loaded.function,
             module=loaded.module,
@@ -180,8 +181,8 @@ def build(
 
 def located_kernels(output_codes: Sequence[Any]) -> dict[int, TritonKernel]:
     """Every Triton kernel of the Inductor modules behind ``output_codes``, by ``CUfunction``."""
+    from grace.compat import inductor_kernels
     from grace.compat import torch as torch_compat
-    from grace.compat import triton as triton_compat
 
     found: dict[int, TritonKernel] = {}
     for code in output_codes:
@@ -193,7 +194,7 @@ def located_kernels(output_codes: Sequence[Any]) -> dict[int, TritonKernel]:
             for name, value in module_globals.items()
             if type(value).__name__ == "CachingAutotuner"
         }
-        for located in triton_compat.locate_inductor_kernels(module_globals):
+        for located in inductor_kernels.locate_inductor_kernels(module_globals):
             if located.function:
                 found[located.function] = describe(located, metas.get(located.autotuner))
     return found

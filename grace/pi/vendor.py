@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from grace.pi_contract import PIStage
+
 if TYPE_CHECKING:
     import torch
 
@@ -65,7 +67,7 @@ SPEC_STRUCT = struct.Struct("<QQQ")
 class VendorError(RuntimeError):
     """The vendor path could not be set up; ``stage`` is vendor_match or vendor_update."""
 
-    def __init__(self, stage: str, message: str) -> None:
+    def __init__(self, stage: PIStage, message: str) -> None:
         super().__init__(message)
         self.stage = stage
 
@@ -77,7 +79,7 @@ def compile_prelude(capability: int) -> bytes:
     try:
         return nvrtc.compile_ptx(PRELUDE_SOURCE, "grace_pi_prelude.cu", capability, ["-rdc=true"])
     except nvrtc.NvrtcError as exc:
-        raise VendorError("vendor_update", str(exc)) from exc
+        raise VendorError(PIStage.VENDOR_UPDATE, str(exc)) from exc
 
 
 _prelude_functions: dict[tuple[int, int], int] = {}  # (device index, capability) -> CUfunction
@@ -94,7 +96,7 @@ def prelude_function(capability: int, device_index: int = 0) -> int:
         try:
             _prelude_functions[key] = nvrtc.load_ptx(ptx, PRELUDE_NAME)
         except nvrtc.NvrtcError as exc:
-            raise VendorError("vendor_update", f"the prelude: {exc}") from exc
+            raise VendorError(PIStage.VENDOR_UPDATE, f"the prelude: {exc}") from exc
     return _prelude_functions[key]
 
 
@@ -130,10 +132,11 @@ def install(
     ``device`` carries its index (the prelude is loaded once per device)."""
     import torch
 
+    from grace.compat import cuda as cuda_compat
     from grace.pi import driver
 
     if not patches:
-        raise VendorError("vendor_match", "no vendor node to patch")
+        raise VendorError(PIStage.VENDOR_MATCH, "no vendor node to patch")
     function = prelude_function(capability, device.index)
     handles: dict[int, int] = {}
     try:
@@ -142,7 +145,7 @@ def install(
                 handles[node] = driver.make_device_updatable(node)
     except Exception as exc:
         raise VendorError(
-            "vendor_update", f"device-updatable attribute: {type(exc).__name__}: {exc}"
+            PIStage.VENDOR_UPDATE, f"device-updatable attribute: {type(exc).__name__}: {exc}"
         ) from exc
     resolved = tuple(VendorPatch(handles[node], offset, slot) for node, offset, slot in patches)
     packed = b"".join(SPEC_STRUCT.pack(p.node, p.offset, p.slot) for p in resolved)
@@ -160,9 +163,11 @@ def install(
     )
     try:
         prelude = driver.add_kernel_node(graph, function, (1, 1, 1), (1, 1, 1), params)
-        driver.add_dependencies(graph, prelude, sorted(handles))
+        cuda_compat.graph_add_dependencies(graph, prelude, sorted(handles))
     except Exception as exc:
-        raise VendorError("vendor_update", f"adding the prelude node: {type(exc).__name__}: {exc}") from exc
+        raise VendorError(
+            PIStage.VENDOR_UPDATE, f"adding the prelude node: {type(exc).__name__}: {exc}"
+        ) from exc
     return VendorSetup(prelude, specs, scratch, status, params, resolved)
 
 

@@ -11,7 +11,8 @@ Design: ``broken_cells`` reads a ``RegressionReport`` (``report.detect``, so eve
 the same detectors) and returns a frozen ``BrokenCell`` per logical run that has findings in the
 thresholds' ``status.fail_on`` set (FAIL and MISSING by default). ``BrokenCell.line`` is the one line a
 person reads: cell, run, its status, the counts per verdict and suite, the first failure and the
-command that shows the rest.
+command that shows the rest; ``since_text`` says since when the cell is broken (the first run of its
+streak, ``report.CellReport.failing_since``).
 
 Invariants: read-only (works on a report); FLAKY, XFAIL, IMPROVED and SKIP never make a cell broken;
 a cell with a finding in ``fail_on`` is always listed, new or not.
@@ -24,8 +25,11 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from matrix.readmodel import RunInfo, cell_anchor, cell_key
 from matrix.regressions import status
 from matrix.regressions.report import RegressionReport
+from matrix.store.models import RunStatus
+from matrix.text import one_line
 
 
 @dataclass(frozen=True)
@@ -34,11 +38,25 @@ class BrokenCell:
     gpu_name: str | None
     run_uid: str
     run_label: str | None
-    run_status: str
+    run_status: RunStatus
     verdicts: tuple[tuple[str, int], ...]  # (verdict, count) of the failing findings
     suites: tuple[tuple[str, int], ...]  # (suite, count) of the failing findings
     new: int  # failing findings not failing in the baseline
     first: str  # the first failing result and what it said
+    since: RunInfo | None = None  # the first run of the cell key's streak of broken runs
+
+    @property
+    def anchor(self) -> str:
+        """The cell's row on the dashboard's index."""
+        return cell_anchor(cell_key(self.cell_id, self.gpu_name))
+
+    @property
+    def since_text(self) -> str:
+        """``failing since <start> (<code>)``, the code being the short sha, else the run's short uid."""
+        if self.since is None:
+            return ""
+        code = self.since.short_sha or f"run {self.since.short_uid}"
+        return f"failing since {self.since.started_at:%Y-%m-%d %H:%M} UTC ({code})"
 
     @property
     def failing(self) -> int:
@@ -60,9 +78,10 @@ class BrokenCell:
 
 
 def _first(finding: status.StatusFinding, limit: int = 160) -> str:
-    said = " ".join((finding.message or "").split())
-    text = f"{finding.key.label()} {finding.actual or 'missing'}" + (f": {said}" if said else "")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    said = one_line(finding.message, len(finding.message or ""))
+    return one_line(
+        f"{finding.key.label()} {finding.actual or 'missing'}" + (f": {said}" if said else ""), limit
+    )
 
 
 def broken_cells(report: RegressionReport, fail_on: Iterable[str]) -> list[BrokenCell]:
@@ -87,6 +106,7 @@ def broken_cells(report: RegressionReport, fail_on: Iterable[str]) -> list[Broke
                 suites=tuple(sorted(suites.items())),
                 new=sum(f.key in new_keys for f in failing),
                 first=_first(failing[0]),
+                since=cell.failing_since,
             )
         )
     return broken

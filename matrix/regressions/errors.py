@@ -1,6 +1,6 @@
 """The user-facing errors of regression detection, as kinds of the matrix package's one error type.
 
-``matrix.cli.main`` turns each into one line and its exit status: 1 for a user error (a run that cannot
+``matrix_cli.main`` turns each into one line and its exit status: 1 for a user error (a run that cannot
 be found), 2 for a configuration error (a bad thresholds or expected-status file).
 """
 

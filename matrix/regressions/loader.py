@@ -4,8 +4,9 @@ Problem: the store can hold hundreds of thousands of results; building an ORM ob
 decoding every raw-sample array) would make the morning dashboard slow.
 
 Design: column selects (SQLAlchemy Core through the session) into the plain values of
-``matrix.regressions.observations``. Raw samples are decoded only for the runs being compared; history
-uses the stored median (computed from the samples only for rows that lack one).
+``matrix.regressions.observations``; the runs themselves come from ``matrix.readmodel``. Raw samples are
+decoded only for the runs being compared; history uses the stored median (computed from the samples only for
+rows that lack one).
 
 Invariants: read-only; callers own the session and its transaction. Rows are read in the order they
 were recorded (primary key), so when one run holds a key twice the later record wins, whatever order
@@ -14,7 +15,6 @@ the backend would return them in unasked (PostgreSQL and SQLite differ).
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 from collections import defaultdict
 from collections.abc import Collection, Iterable
@@ -31,14 +31,11 @@ from matrix.regressions.observations import (
     Observation,
     PerfSample,
     ResultKey,
-    RunInfo,
     Suite,
-    cell_key,
 )
 from matrix.regressions.pairwise import PerfKey
 from matrix.regressions.status import Expectation
 from matrix.store.models import (
-    Cell,
     CorrectnessResult,
     ExpectedStatus,
     PerformanceResult,
@@ -56,57 +53,6 @@ def _chunks(values: Collection[int]) -> Iterable[list[int]]:
     items = sorted(values)
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]
-
-
-def _aware(value: dt.datetime | None) -> dt.datetime:
-    """SQLite hands back naive datetimes; the store writes UTC, so say so."""
-    if value is None:
-        return dt.datetime.fromtimestamp(0, dt.timezone.utc)
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
-
-
-def load_runs(session: Session) -> list[RunInfo]:
-    """Every run with its cell, oldest first."""
-    stmt = (
-        select(
-            Run.id,
-            Run.uid,
-            Run.started_at,
-            Run.status,
-            Run.label,
-            Run.git_sha,
-            Run.host,
-            Run.message,
-            Cell.cell_id,
-            Cell.kind,
-            Cell.torch_version,
-            Cell.triton_version,
-            Cell.cuda_runtime,
-            Cell.gpu_name,
-        )
-        .join(Cell, Run.cell_pk == Cell.id)
-        .order_by(Run.started_at, Run.id)
-    )
-    return [
-        RunInfo(
-            pk=row.id,
-            uid=row.uid,
-            cell_id=row.cell_id,
-            cell_key=cell_key(row.cell_id, row.gpu_name),
-            kind=row.kind,
-            torch_version=row.torch_version,
-            triton_version=row.triton_version,
-            cuda_runtime=row.cuda_runtime,
-            gpu_name=row.gpu_name,
-            started_at=_aware(row.started_at),
-            status=row.status,
-            label=row.label,
-            git_sha=row.git_sha,
-            host=row.host,
-            message=row.message,
-        )
-        for row in session.execute(stmt)
-    ]
 
 
 def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, list[Observation]]:

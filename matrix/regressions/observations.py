@@ -9,23 +9,18 @@ detectors (``status``, ``pairwise``, ``history``) are pure functions over them.
 Invariants:
 - A ``ResultKey`` names one result within a run: suite, workload (a PI subject for the pi suite) and mode
   (a PI stage for the pi suite).
-- ``CellKey`` groups runs whose performance may be compared: the same matrix cell id on the same GPU.
-- A ``RunInfo`` may stand for a logical run (``matrix.regressions.logical``): several runs of one cell key
-  sharing a label. ``members`` then lists their pks and uids, oldest first; ``pk`` and ``uid`` are those of
-  the latest member, ``started_at`` that of the first. A plain run has no members.
+- Runs are named by ``matrix.readmodel.RunInfo`` (one cell key per matrix cell id on one GPU; a logical
+  run lists its members), as every reader of the store names them.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
 import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NewType
-
-CellKey = NewType("CellKey", str)
+from typing import Any
 
 
 class Suite(str, enum.Enum):
@@ -60,10 +55,6 @@ RUN_SUBJECT = "<run>"
 TEST_FAILURES = frozenset({"failed", "error", "crashed"})
 
 
-def cell_key(cell_id: str, gpu_name: str | None) -> CellKey:
-    return CellKey(f"{cell_id}@{gpu_name or 'no-gpu'}")
-
-
 @dataclass(frozen=True, order=True)
 class ResultKey:
     suite: Suite
@@ -72,64 +63,6 @@ class ResultKey:
 
     def label(self) -> str:
         return f"{self.suite.value}:{self.workload}:{self.mode}"
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One run and the environment of its cell, as the dashboards and detectors need them."""
-
-    pk: int
-    uid: str
-    cell_id: str
-    cell_key: CellKey
-    kind: str
-    torch_version: str | None
-    triton_version: str | None
-    cuda_runtime: str | None
-    gpu_name: str | None
-    started_at: dt.datetime
-    status: str
-    label: str | None = None
-    git_sha: str | None = None
-    host: str | None = None
-    message: str | None = None
-    members: tuple[int, ...] = ()  # pks of the runs of a logical run, oldest first; () for a plain run
-    member_uids: tuple[str, ...] = ()
-
-    @property
-    def pks(self) -> tuple[int, ...]:
-        """The pks of the runs whose results this run holds, oldest first."""
-        return self.members or (self.pk,)
-
-    @property
-    def uids(self) -> tuple[str, ...]:
-        return self.member_uids or (self.uid,)
-
-    @property
-    def order(self) -> tuple[dt.datetime, int]:
-        """Position in the history of its cell key (a logical run sits where its first member started)."""
-        return (self.started_at, self.pks[0])
-
-    @property
-    def short_uid(self) -> str:
-        return self.uid[:8]
-
-    @property
-    def display_name(self) -> str:
-        """The cell as pages name it, unique per cell key: one id may run on several machines."""
-        return f"{self.cell_id} ({self.gpu_name or 'no GPU'})"
-
-    @property
-    def short_sha(self) -> str:
-        """The code the run ran (the commit, ``-dirty`` kept), shortened; "" when unknown."""
-        sha = self.git_sha or ""
-        dirty = sha.endswith("-dirty")
-        return sha[:9] + ("-dirty" if dirty else "") if sha else ""
-
-    @property
-    def stack(self) -> str:
-        torch, triton, cuda = self.torch_version or "-", self.triton_version or "-", self.cuda_runtime or "-"
-        return f"torch {torch} / triton {triton} / CUDA {cuda}"
 
 
 @dataclass(frozen=True)

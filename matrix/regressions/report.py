@@ -4,19 +4,21 @@ Problem: "what broke last night" needs, per cell, the run to judge, the run to c
 list of regressions with their evidence, whichever detector found them, marked new or ongoing so that a
 nightly job fails once per new regression and not forever.
 
-Design: everything here works on logical runs (``matrix.regressions.logical``): the runs of one cell key
-that share a non-empty label are one run, whose results are, per key, those of the latest of them that
-recorded the key; a run without a label is its own logical run. ``select_runs`` picks the logical runs
-(default: the latest finished one of every cell key; ``--run`` may name a label, a uid or uid prefix of
-any member) and ``pick_baseline`` their baselines (default: the previous complete logical run of the same
-cell key, i.e. the same matrix cell on the same GPU: the previous label's runs, or the previous
-unlabelled run). ``detect`` then runs, per logical run:
+Design: everything here works on logical runs (``matrix.readmodel.group_runs``): the runs of one cell
+key that share a non-empty label are one run, whose results are, per key, those of the latest of them
+that recorded the key; a run without a label is its own logical run. ``select_runs`` picks the logical
+runs through the read model's selector (default: the latest finished one of every cell key; ``--run``
+may name a label, a uid or uid prefix of any member) and ``pick_baseline`` their baselines (default: the
+previous complete logical run of the same cell key, i.e. the same matrix cell on the same GPU: the previous
+label's runs, or the previous unlabelled run). ``detect`` then runs, per logical run:
 - status against expected (``status``), also on the baseline; a failing key that already failed in the
   baseline is ongoing, otherwise new;
 - pairwise performance against the baseline (``pairwise``); always new (it is relative to the baseline);
 - step detection over the cell key's history up to the run (``history``); new when the run confirmed it,
   unless the jump already passed the pairwise band on the step's own night (see Note [One alert per
   change]).
+A broken run (a status finding in ``fail_on``) carries ``failing_since``: the first run of its cell key's
+streak of broken runs (Note: [Failing since]).
 
 Invariant: this module reads through ``loader`` only and never writes to the store.
 """
@@ -28,14 +30,16 @@ import re
 import shlex
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from matrix import readmodel
+from matrix.readmodel import RunInfo
 from matrix.regressions import history, loader, logical, pairwise, status
 from matrix.regressions.errors import RegressionsError
-from matrix.regressions.observations import CellKey, ResultKey, RunInfo, Suite, natural_key
+from matrix.regressions.observations import ResultKey, Suite, natural_key
 from matrix.regressions.thresholds import ReproSettings, Thresholds
 from matrix.store.models import RunStatus
 
@@ -76,6 +80,12 @@ class CellReport:
     comparison: pairwise.PairwiseReport | None
     regressions: tuple[Regression, ...]
     improvements: tuple[str, ...] = ()
+    failing_since: RunInfo | None = None  # a broken run: the first of its cell key's broken streak
+
+    @property
+    def broken(self) -> bool:
+        """Whether the run has a status finding in ``fail_on`` (``broken.broken_cells`` lists it)."""
+        return self.failing_since is not None
 
 
 @dataclass(frozen=True)
@@ -108,30 +118,13 @@ def repro_command(settings: ReproSettings, cell_id: str, nodeid: str, key: Resul
     return settings.command.format(session=shlex.quote(session), test=shlex.quote(test_selector(nodeid, key)))
 
 
-def _finished(run: RunInfo) -> bool:
-    return run.status != RunStatus.RUNNING.value
-
-
-def _matching(runs: Sequence[RunInfo], spec: str) -> list[RunInfo]:
-    """The (logical) runs ``spec`` names: one with a member of that uid, else those with that label, else
-    those with a member whose uid starts with it (4+ characters)."""
-    exact = [r for r in runs if spec in r.uids]
-    if exact:
-        return exact
-    labelled = [r for r in runs if r.label == spec]
-    if labelled:
-        return labelled
-    if len(spec) >= 4:
-        return [r for r in runs if any(uid.startswith(spec) for uid in r.uids)]
-    return []
-
-
 def select_runs(runs: Sequence[RunInfo], spec: str | None = None) -> list[RunInfo]:
-    """Logical runs to judge: ``spec`` (a run uid or uid prefix of 4+ characters, naming the logical run
-    that holds it, or a label: its logical run in every cell), or by default the latest finished logical
-    run of every cell key. ``runs`` are logical runs in history order (``logical.group_runs``)."""
+    """Logical runs to judge (``readmodel.select_runs``): ``spec`` (a run uid or uid prefix of 4+
+    characters, naming the logical run that holds it, or a label: its logical run in every cell), or by
+    default the latest finished logical run of every cell key, in natural order of cell ids. ``runs`` are
+    logical runs in history order (``readmodel.group_runs``)."""
     if spec is not None:
-        chosen = _matching(runs, spec)
+        chosen = readmodel.select_runs(runs, readmodel.Selection(spec=spec, pick=readmodel.Pick.LOGICAL))
         if not chosen:
             labels = sorted({r.label for r in runs if r.label})[-5:]
             raise RegressionsError(
@@ -143,11 +136,8 @@ def select_runs(runs: Sequence[RunInfo], spec: str | None = None) -> list[RunInf
                 )
             )
         return chosen
-    latest: dict[CellKey, RunInfo] = {}
-    for run in runs:  # oldest first, so the last one wins
-        if _finished(run):
-            latest[run.cell_key] = run
-    return sorted(latest.values(), key=lambda r: (natural_key(r.cell_id), r.gpu_name or ""))
+    latest = readmodel.select_runs(runs, readmodel.Selection(pick=readmodel.Pick.LATEST))
+    return sorted(latest, key=lambda r: (natural_key(r.cell_id), r.gpu_name or ""))
 
 
 def pick_baseline(runs: Sequence[RunInfo], run: RunInfo, spec: str | None = None) -> RunInfo | None:
@@ -155,7 +145,7 @@ def pick_baseline(runs: Sequence[RunInfo], run: RunInfo, spec: str | None = None
     exactly one logical run is used even across cells), else the latest complete logical run of the same
     cell key before it in history (``RunInfo.order``)."""
     if spec is not None:
-        candidates = [r for r in _matching(runs, spec) if r.uid != run.uid]
+        candidates = [r for r in readmodel.match_spec(runs, spec) if r.uid != run.uid]
         if not candidates:
             raise RegressionsError(f"no baseline run matches {spec!r} (other than the run being judged)")
         same = [r for r in candidates if r.cell_key == run.cell_key]
@@ -226,8 +216,8 @@ def _history_regressions(ctx: _Context, run: RunInfo, baseline: RunInfo | None) 
 def _judge_cell(ctx: _Context, run: RunInfo, baseline: RunInfo | None) -> CellReport:
     pks = [*run.pks, *(baseline.pks if baseline else ())]
     per_pk = loader.load_observations(ctx.session, pks)
-    run_obs = logical.merge_latest(run, per_pk, lambda o: o.key)
-    base_obs = logical.merge_latest(baseline, per_pk, lambda o: o.key) if baseline else []
+    run_obs = readmodel.merge_latest(run, per_pk, lambda o: o.key)
+    base_obs = readmodel.merge_latest(baseline, per_pk, lambda o: o.key) if baseline else []
     base_keys = {o.key for o in base_obs}
     findings = status.judge_run(run.cell_id, run_obs, ctx.expectations, base_keys)
     fail_on = ctx.thresholds.status.fail_on
@@ -258,8 +248,8 @@ def _judge_cell(ctx: _Context, run: RunInfo, baseline: RunInfo | None) -> CellRe
         samples = loader.load_perf_samples(ctx.session, pks)
         keys = logical.perf_keys(per_pk)
         comparison = pairwise.compare_runs(
-            logical.merge_owned(logical.owners(baseline, keys), samples),
-            logical.merge_owned(logical.owners(run, keys), samples),
+            readmodel.merge_owned(readmodel.owners(baseline, keys), samples),
+            readmodel.merge_owned(readmodel.owners(run, keys), samples),
             ctx.thresholds.pairwise,
         )
         for c in comparison.regressions:
@@ -299,7 +289,7 @@ def detect(
     logical run, ``logical.merge_medians``) may be passed when the caller already loaded them (the
     dashboards do); ``expectations`` judge instead of those in the store (a reader that must not write
     expected.toml into it)."""
-    all_runs = logical.group_runs(runs if runs is not None else loader.load_runs(session))
+    all_runs = readmodel.group_runs(runs if runs is not None else readmodel.load_runs(session))
     chosen = select_runs(all_runs, run_spec)
     keys = {r.cell_key for r in chosen}
     if medians is None:
@@ -312,7 +302,33 @@ def detect(
         medians=medians,
     )
     cells = [_judge_cell(ctx, run, pick_baseline(all_runs, run, baseline_spec)) for run in chosen]
-    return RegressionReport(tuple(cells))
+    return RegressionReport(tuple(_with_streak(ctx, cell) for cell in cells))
+
+
+def _broken(ctx: _Context, run: RunInfo) -> bool:
+    """Whether ``run``, judged against its default baseline, has a status finding in ``fail_on``."""
+    baseline = pick_baseline(ctx.runs, run)
+    per_pk = loader.load_observations(ctx.session, [*run.pks, *(baseline.pks if baseline else ())])
+    observations = readmodel.merge_latest(run, per_pk, lambda o: o.key)
+    base_keys = (
+        {o.key for o in readmodel.merge_latest(baseline, per_pk, lambda o: o.key)} if baseline else set()
+    )
+    findings = status.judge_run(run.cell_id, observations, ctx.expectations, base_keys)
+    return bool(status.failing(findings, ctx.thresholds.status.fail_on))
+
+
+def _with_streak(ctx: _Context, cell: CellReport) -> CellReport:
+    """``cell`` with its ``failing_since`` when broken: the earliest run of the consecutive broken runs of
+    its cell key that ends at it (Note: [Failing since])."""
+    if not status.failing(cell.findings, ctx.thresholds.status.fail_on):
+        return cell
+    # Note: [Failing since]
+    # A broken cell says since when it is broken, so a person can find the change that broke it: walk its
+    # cell key's finished runs back from the judged one while they are broken too, each judged as
+    # ``detect`` would have judged it then (against its own default baseline). The walk stops at the
+    # first run that was not broken, so a long-broken cell costs as many judgements as its streak.
+    since = readmodel.streak_start(ctx.runs, cell.run, lambda r: _broken(ctx, r))
+    return replace(cell, failing_since=since)
 
 
 def _key_json(key: ResultKey) -> dict[str, str]:

@@ -7,7 +7,7 @@ scale of a long nightly history.
 Design: ``seed_history`` writes ``nights`` runs per cell with raw samples drawn from a seeded RNG around a
 per-workload x mode level, plus the injected faults it is given. ``seed_demo`` takes whatever the store
 already holds (e.g. the committed results after ``grace-matrix ingest``; a synthetic history if it is
-empty), clones the latest logical run of one cell (``matrix.regressions.logical``: the runs of a cell
+empty), clones the latest logical run of one cell (``matrix.readmodel.group_runs``: the runs of a cell
 sharing a label, merged per result) as a new run and injects one performance regression and one PI
 failure into it, so the demo can be redone on real results.
 
@@ -30,9 +30,9 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from matrix.regressions import loader, logical
+from matrix import readmodel
+from matrix.readmodel import RunInfo
 from matrix.regressions.errors import RegressionsError
-from matrix.regressions.observations import RunInfo
 from matrix.store.models import (
     Cell,
     CorrectnessResult,
@@ -361,7 +361,7 @@ def _merged_rows(session: Session, model: type[Any], run: RunInfo) -> list[Any]:
         for pk in run.pks
     }
     workloads = {w.id: (w.name, w.tier) for w in session.execute(select(Workload)).scalars()}
-    return logical.merge_latest(run, per_pk, _merge_key(model, workloads))
+    return readmodel.merge_latest(run, per_pk, _merge_key(model, workloads))
 
 
 def seed_demo(
@@ -376,7 +376,11 @@ def seed_demo(
     if session.execute(select(Run.id).limit(1)).first() is None:
         seed_history(session, SyntheticSpec())
     candidates = [
-        r for r in logical.group_runs(loader.load_runs(session)) if r.status == RunStatus.COMPLETE.value
+        r
+        for r in readmodel.select_runs(
+            readmodel.load_runs(session), readmodel.Selection(pick=readmodel.Pick.LOGICAL)
+        )
+        if r.status == RunStatus.COMPLETE.value
     ]
     found: tuple[RunInfo, PerformanceResult] | None = None
     for info in reversed(candidates):

@@ -96,6 +96,12 @@ class RunStatus(str, enum.Enum):
     CRASHED = "crashed"  # the process died; everything recorded before is kept
     INSTALL_FAILED = "install_failed"  # the cell's environment could not be built
 
+    def __str__(self) -> str:  # as stored, in text and templates (Python 3.11 would give the name)
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 class Cell(Base):
     """One environment of the matrix, identified by its fingerprint."""

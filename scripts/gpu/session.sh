@@ -8,6 +8,7 @@
 #   pi          scripts/gpu/pi_gpu_check.py (PI numerics after moves, bytes per replay, timing)
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
 #   probe       scripts/gpu/probe.py $GRACE_PROBE_ARGS (peak memory per call and mode, host time per call)
+#   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 #   fuzz        the differential fuzzer (pytest suites/fuzz -m fuzz) for SECONDS less 90 (start-up, the
 #               last case, the export), recorded into its own store: fuzz-export.jsonl (the fuzz record
@@ -62,6 +63,8 @@ for spec in "${STEPS[@]}"; do
       # shellcheck disable=SC2086  # GRACE_PROBE_ARGS holds several words on purpose
       timeout -s INT -k 20 "$limit" python scripts/gpu/probe.py --out "$OUT/probe" \
         --deadline-s "$((limit - 40))" ${GRACE_PROBE_ARGS:-} ;;
+    layers)
+      timeout -s INT -k 20 "$limit" python scripts/gpu/host_layers.py --out "$OUT/layers" ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
     fuzz)
@@ -73,7 +76,7 @@ for spec in "${STEPS[@]}"; do
         ${GRACE_FUZZ_LABEL:+"--grace-matrix-label=$GRACE_FUZZ_LABEL"} \
         -p record_jsonl --record-jsonl "$OUT/fuzz/records.jsonl" --junitxml "$OUT/fuzz/junit.xml"
       log "fuzz pytest exited $?"
-      python -m matrix.cli export --db "$FUZZ_DB" -o "$OUT/fuzz-export.jsonl"
+      python -m matrix_cli export --db "$FUZZ_DB" -o "$OUT/fuzz-export.jsonl"
       python - "$OUT/fuzz/records.jsonl" > "$OUT/fuzz/counts.json" <<'PYEOF'
 import json, os, sys
 records = [json.loads(line)["record"] for line in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch.utils._pytree import tree_map
 
 from grace.cgct.analysis import GraphFacts
 from grace.cgct.plan import Action, Plan
 from grace.cgct.transforms import nodes_by_name
 from grace.compat import dynamo as compat
+from grace.compat.dynamo import tree_map
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -47,11 +47,7 @@ def settle_border(gm: torch.fx.GraphModule, relocation: Plan, facts: GraphFacts)
         if len(before) != 1 or len(after) != 1 or not _same_layout(before[0], after[0]):
             continue  # also converts dtype or layout: stays, as a same-device conversion
         if must_copy:
-            clone_target = (
-                torch.ops.aten.clone.default
-                if isinstance(node.target, torch._ops.OpOverload)
-                else torch.clone
-            )
+            clone_target = torch.ops.aten.clone.default if compat.is_op_overload(node.target) else torch.clone
             with gm.graph.inserting_before(node):
                 clone = gm.graph.call_function(clone_target, (source,))
             clone.meta = dict(node.meta)

@@ -8,11 +8,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
 from matrix.outfiles import replace_file
 from matrix.store.db import StoreAccess, open_store
 from matrix.transfer import RunFilter, export_jsonl
+from matrix_cli.commands._output import info, print_json
 
 
 def register(subparsers: Any) -> None:

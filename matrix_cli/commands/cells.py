@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from matrix.cells import Matrix, load_matrix
-from matrix.commands._output import print_json, print_table
+from matrix_cli.commands._output import print_json, print_table
 
 
 def register(subparsers: Any) -> None:

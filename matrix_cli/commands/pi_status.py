@@ -1,9 +1,10 @@
 """``grace-matrix pi-status``: parameter-indirection stage results per cell, Triton release and stage.
 
 Reads ``PIStageResult`` rows (recorded by the PI stage suite and by PI inside the grace backend) of the
-latest run of each cell, or of the runs named. ``--json`` prints every row with its cell and run; the
-table shows, per cell and stage, how many subjects passed, failed and were skipped, and the first failure.
-Exit status 1 when any selected stage result failed (PI breakage), 0 otherwise.
+newest run of each cell key that recorded any (``matrix.readmodel.select_runs``), or of the runs named.
+``--json`` prints every row with its cell and run; the table shows, per cell and stage, how many subjects
+passed, failed and were skipped, and the first failure. Exit status 1 when any selected stage result failed
+(PI breakage), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from matrix import readmodel
 from matrix.store.db import StoreAccess, open_store
-from matrix.store.models import Cell, PIStageResult, Run
+from matrix.store.models import PIStageResult
 
 STAGE_ORDER = ("locate", "rewrite", "assemble", "load", "patch", "numeric", "vendor_match", "vendor_update")
 FORMAT_VERSION = 1
@@ -69,34 +71,24 @@ def load_rows(
     stages: list[str] | None = None,
     failed_only: bool = False,
 ) -> list[StageRow]:
-    """PI stage rows of the named runs, or of the latest run of each cell that recorded any."""
-    query = (
-        select(PIStageResult, Run, Cell)
-        .join(Run, PIStageResult.run_pk == Run.id)
-        .join(Cell, Run.cell_pk == Cell.id)
-    )
-    if runs:
-        query = query.where(Run.uid.in_(runs))
-    else:
-        latest = (
-            select(Run.cell_pk, func.max(Run.id).label("run_id"))
-            .join(PIStageResult, PIStageResult.run_pk == Run.id)
-            .group_by(Run.cell_pk)
-            .subquery()
-        )
-        query = query.join(latest, Run.id == latest.c.run_id)
-    if cells:
-        query = query.where(Cell.cell_id.in_(cells))
+    """PI stage rows of the named runs, or of the newest run of each cell key that recorded any (runs
+    selected by ``matrix.readmodel.select_runs``, as every reader selects them)."""
+    recorded = set(session.scalars(select(PIStageResult.run_pk).distinct()))
+    pool = [run for run in readmodel.load_runs(session) if run.pk in recorded]
+    pick = readmodel.Pick.EVERY if runs else readmodel.Pick.NEWEST
+    selection = readmodel.Selection(uids=tuple(runs or ()), cells=tuple(cells or ()), pick=pick)
+    chosen = {run.pk: run for run in readmodel.select_runs(pool, selection)}
+    query = select(PIStageResult).where(PIStageResult.run_pk.in_(sorted(chosen)))
     if stages:
         query = query.where(PIStageResult.stage.in_(stages))
     if failed_only:
         query = query.where(PIStageResult.status == "fail")
     rows = [
         StageRow(
-            cell=cell.cell_id,
-            run=run.uid,
-            torch=cell.torch_version,
-            triton=result.triton_version or cell.triton_version,
+            cell=chosen[result.run_pk].cell_id,
+            run=chosen[result.run_pk].uid,
+            torch=chosen[result.run_pk].torch_version,
+            triton=result.triton_version or chosen[result.run_pk].triton_version,
             subject=result.subject,
             stage=result.stage,
             status=result.status,
@@ -104,7 +96,7 @@ def load_rows(
             nodeid=result.nodeid,
             details=dict(result.details or {}),
         )
-        for result, run, cell in session.execute(query.order_by(PIStageResult.id)).all()
+        for result in session.scalars(query.order_by(PIStageResult.id))
     ]
     rank = {s: i for i, s in enumerate(STAGE_ORDER)}
     return sorted(rows, key=lambda r: (r.cell, r.subject, rank.get(r.stage, len(rank))))
@@ -135,7 +127,7 @@ def summarize(rows: list[StageRow]) -> list[dict[str, Any]]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from matrix.commands._output import info, print_json, print_table
+    from matrix_cli.commands._output import info, print_json, print_table
 
     Session = open_store(args.db, StoreAccess.EXISTING)
     with Session.begin() as session:

@@ -9,9 +9,9 @@ from typing import Any
 
 from matrix.cells import default_config_path, load_matrix
 from matrix.ciplan import WORKFLOW_PATH, build_workflow, drift, render
-from matrix.commands._output import info, print_json
 from matrix.errors import MatrixError
 from matrix.runners import load_runners
+from matrix_cli.commands._output import info, print_json
 
 
 class WorkflowDrift(MatrixError):

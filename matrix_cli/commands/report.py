@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.commands._output import selection_text
 from matrix.errors import MatrixError
-from matrix.report import build_report, render_text
+from matrix.report import Report, build_report, render_text
 from matrix.store.db import StoreAccess, open_store
 from matrix.text import terminal_text
+from matrix_cli.commands._output import selection_text
 
 
 def add_selection(parser: argparse.ArgumentParser) -> None:
@@ -61,10 +61,15 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=handle)
 
 
-def handle(args: argparse.Namespace) -> int:
+def selected_report(args: argparse.Namespace) -> Report:
+    """The report of the runs and workloads ``add_selection``'s options select."""
     Session = open_selected_store(args)
     with Session() as session:
-        report = build_report(session, args.run, args.label, args.cell, args.workload)
+        return build_report(session, args.run, args.label, args.cell, args.workload)
+
+
+def handle(args: argparse.Namespace) -> int:
+    report = selected_report(args)
     selection = selection_text(args, ("run", "label", "cell", "workload"))
     if not report.rows and selection:
         raise MatrixError(f"no result in the store matches {selection}")

@@ -14,11 +14,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.commands._output import print_json, print_text
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
-from matrix.regressions.report import RegressionReport, detect, report_to_json
+from matrix.regressions.report import detect, report_to_json
+from matrix.regressions.text_report import report_text
 from matrix.regressions.thresholds import Thresholds, load_thresholds
 from matrix.store.db import StoreAccess, open_store
+from matrix_cli.commands._output import print_json, print_text
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -61,38 +62,6 @@ def prepare(args: argparse.Namespace) -> tuple[sessionmaker[Session], Thresholds
     return store, thresholds
 
 
-def format_text(report: RegressionReport) -> str:
-    lines: list[str] = []
-    if not report.cells:
-        return "no finished runs in the store: nothing to judge"
-    for cell in report.cells:
-        run, base = cell.run, cell.baseline
-        verdicts: dict[str, int] = {}
-        for f in cell.findings:
-            verdicts[f.verdict.value] = verdicts.get(f.verdict.value, 0) + 1
-        counts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no results"
-        against = f"vs {base.started_at:%Y-%m-%d} {base.short_uid}" if base else "no baseline"
-        parts = f" (+{len(run.uids) - 1} runs of label {run.label})" if len(run.uids) > 1 else ""
-        lines.append(
-            f"{run.cell_id} ({run.gpu_name or 'no GPU'}) run {run.short_uid}{parts} "
-            f"{run.started_at:%Y-%m-%d} {against}: {counts}"
-        )
-        for r in cell.regressions:
-            tag = "NEW " if r.new else "    "
-            lines.append(f"  {tag} {r.kind.value:<11} {r.key.label()}  {r.summary}")
-            if r.message:
-                first = r.message.strip().splitlines()[0] if r.message.strip() else ""
-                lines.append(f"       message: {first[:200]}")
-            lines.append(f"       reproduce: {r.repro}")
-        for label in cell.improvements:
-            lines.append(f"  IMPROVED    {label}  (update expected.toml)")
-    new, total = len(report.new_regressions), len(report.regressions)
-    lines.append(
-        f"{new} new regression{'s' if new != 1 else ''} ({total} total) in {len(report.cells)} cells"
-    )
-    return "\n".join(lines)
-
-
 def run_regressions(args: argparse.Namespace) -> int:
     """Exit status 1 when a new regression is found; errors propagate as ``MatrixError``s."""
     store, thresholds = prepare(args)
@@ -101,7 +70,7 @@ def run_regressions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report_to_json(report))
     else:
-        print_text(format_text(report))
+        print_text(report_text(report))
     return 1 if report.new_regressions else 0
 
 

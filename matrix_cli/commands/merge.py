@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
 from matrix.store.db import display_url, open_store
 from matrix.transfer import merge_stores
+from matrix_cli.commands._output import info, print_json
 
 
 def register(subparsers: Any) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from matrix.cells import CellKind, default_config_path, load_matrix
-from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
 from matrix.store.db import ENV_HOME, default_url
+from matrix_cli.commands._output import info, print_json
+from matrix_cli.commands.dashboard import publish
 
 
 def register(subparsers: Any) -> None:
@@ -114,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
         f"grace-matrix: nightly {label}: {len(cells)} cells ({', '.join(c.id for c in cells)}), "
         f"{args.jobs} at once, {mode.value} store, via {via.value}"
     )
-    report = run_nightly(options, progress=lambda line: info(f"grace-matrix: {line}"))
+    report = run_nightly(options, progress=lambda line: info(f"grace-matrix: {line}"), publish=publish)
     if args.json:
         print_json(report.to_dict())
     else:

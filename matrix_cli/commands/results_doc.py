@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from matrix.commands.report import add_selection, open_selected_store
 from matrix.outfiles import replace_file
-from matrix.report import build_report, render_markdown
+from matrix.report import render_markdown
+from matrix_cli.commands.report import add_selection, selected_report
 
 DEFAULT_OUTPUT = "docs/RESULTS.md"
 
@@ -28,9 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    Session = open_selected_store(args)
-    with Session() as session:
-        report = build_report(session, args.run, args.label, args.cell, args.workload)
+    report = selected_report(args)
     text = render_markdown(report)
     if args.output == "-":
         sys.stdout.write(text)

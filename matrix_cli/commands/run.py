@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from matrix.cells import default_config_path, load_matrix
-from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
 from matrix.runner import ENV_CELL, ENV_LABEL, record_install_failure, run_cell
 from matrix.store.db import default_url, open_store
 from matrix.store.models import RunStatus
+from matrix_cli.commands._output import info, print_json
 
 
 def register(subparsers: Any) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.commands._output import info, print_json
 from matrix.errors import ConfigError
 from matrix.store.db import open_store
 from matrix.transfer import ingest_jsonl
+from matrix_cli.commands._output import info, print_json
 
 logger = logging.getLogger(__name__)
 

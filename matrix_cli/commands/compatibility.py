@@ -18,15 +18,15 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.cells import default_config_path, load_matrix
-from matrix.commands._output import info, print_json
-from matrix.commands.regressions import add_expected_options
-from matrix.commands.report import add_selection, open_selected_store
 from matrix.compatibility import build_table
 from matrix.compatibility_doc import render_markdown
 from matrix.errors import ConfigError
 from matrix.outfiles import replace_file
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
 from matrix.regressions.status import Expectation
+from matrix_cli.commands._output import info, print_json
+from matrix_cli.commands.regressions import add_expected_options
+from matrix_cli.commands.report import add_selection, open_selected_store
 
 logger = logging.getLogger(__name__)
 

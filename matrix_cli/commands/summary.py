@@ -1,5 +1,7 @@
 """``grace-matrix summary``: one line per run (default: the latest run of each cell), with its verdict;
-``--check`` exits 1 with one line per broken cell (unexpected failures, crashed runs)."""
+``--check`` exits 1 with one line per broken cell (unexpected failures, crashed runs), then closes with the
+verdict block (``matrix.summary.verdict_block``: the verdict, since when each broken cell fails, where to
+look)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from matrix.commands._output import info, print_json, print_table, selection_text
-from matrix.commands.regressions import add_common_options
 from matrix.errors import MatrixError
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file
 from matrix.regressions.status import Expectation
 from matrix.regressions.thresholds import load_thresholds
 from matrix.store.db import StoreAccess, open_store
-from matrix.summary import COLUMNS, judge, summarize
+from matrix.summary import COLUMNS, judge, summarize, verdict_block
+from matrix_cli.commands._output import info, print_json, print_table, selection_text
+from matrix_cli.commands.dashboard import DEFAULT_OUT
+from matrix_cli.commands.regressions import add_common_options
 
 
 def register(subparsers: Any) -> None:
@@ -61,6 +64,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     for cell in broken:
         info(f"grace-matrix: {cell.line()}")
-    if broken:
-        info(f"grace-matrix: {len(broken)} broken cell(s) of {len(summaries)} run(s)")
+    index = Path(DEFAULT_OUT) / "index.html"
+    for line in verdict_block(summaries, broken, index.as_posix(), rendered=index.exists()):
+        info(f"grace-matrix: {line}")
     return 1 if broken else 0

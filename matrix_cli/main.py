@@ -4,7 +4,7 @@ Problem: people and scripts drive the matrix from a terminal and from CI; both n
 machine-readable output for scripts, and failures that say what to fix in one line with an exit status
 that a CI step can act on.
 
-Design: each subcommand lives in ``matrix/commands/<name>.py`` (listed in ``COMMAND_MODULES``) and only
+Design: each subcommand lives in ``matrix_cli/commands/<name>.py`` (listed in ``COMMAND_MODULES``) and only
 parses arguments, calls a typed function and prints. Every subcommand parser is a ``CommandParser``,
 which adds the common options (``--db``, ``--config``, ``--json``, ``-v``), so they work after the
 subcommand name. ``main`` is the only place that prints errors.
@@ -24,8 +24,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from matrix.commands import COMMAND_MODULES
 from matrix.errors import MatrixError
+from matrix_cli.commands import COMMAND_MODULES
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name in COMMAND_MODULES:
-        importlib.import_module(f"matrix.commands.{name}").register(subparsers)
+        importlib.import_module(f"matrix_cli.commands.{name}").register(subparsers)
     for action in subparsers._choices_actions:  # a subcommand's help is its description unless it has one
         command = subparsers.choices[action.dest]
         if not command.description and action.help:
@@ -117,7 +117,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         print(f"{PROG}: internal error in `{args.command}` (a bug; the traceback is above)", file=sys.stderr)
         return INTERNAL_ERROR
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,46 +10,75 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from matrix.commands._output import print_json
-from matrix.commands.regressions import add_common_options, prepare
+from sqlalchemy.orm import Session
+
 from matrix.regressions.synthetic import seed_demo
+from matrix.regressions.thresholds import Thresholds
 from matrix.store.db import open_store
+from matrix_cli.commands._output import print_json
+from matrix_cli.commands.regressions import add_common_options, prepare
 
 DEFAULT_OUT = "site"
 
 
-def run_dashboard(args: argparse.Namespace) -> int:
-    from dashboards.render import write_site  # dependencies point down: dashboards -> matrix
+@dataclass(frozen=True)
+class Rendered:
+    """What one rendering of the site wrote."""
+
+    out: str
+    pages: int
+    results: int
+    runs: int
+    new_regressions: int
+    regressions: int
+    seconds: float
+
+    def line(self) -> str:
+        return (
+            f"rendered {self.pages} pages from {self.results} results in {self.runs} runs into {self.out}/ "
+            f"in {self.seconds:.2f} s; {self.new_regressions} new regressions, {self.regressions} total; "
+            f"open {self.out}/index.html"
+        )
+
+
+def render(session: Session, thresholds: Thresholds, out: str | Path, base_url: str = "") -> Rendered:
+    """Build the site from the store ``session`` reads and write it into ``out``."""
+    from dashboards.render import write_site  # dependencies point down: the CLI -> dashboards -> matrix
     from dashboards.site import build_site
 
     started = time.perf_counter()
+    site = build_site(session, thresholds)
+    pages = write_site(site, out, base_url=base_url)
+    return Rendered(
+        out=str(out),
+        pages=len(pages),
+        results=site.result_count,
+        runs=len(site.runs),
+        new_regressions=sum(v.regression.new for v in site.regressions),
+        regressions=len(site.regressions),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def publish(session: Session, thresholds: Thresholds, out: Path) -> str:
+    """The nightly pipeline's dashboard step (``matrix.nightly.Publish``)."""
+    return render(session, thresholds, out).line()
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     store, thresholds = prepare(args)
     with store() as session:
-        site = build_site(session, thresholds)
-    pages = write_site(site, args.out, base_url=args.base_url)
-    elapsed = time.perf_counter() - started
-    new = sum(v.regression.new for v in site.regressions)
+        rendered = render(session, thresholds, args.out, base_url=args.base_url)
+    rendered = replace(rendered, seconds=time.perf_counter() - started)  # opening the store included
     if args.json:
-        print_json(
-            {
-                "out": str(args.out),
-                "pages": len(pages),
-                "results": site.result_count,
-                "runs": len(site.runs),
-                "new_regressions": new,
-                "regressions": len(site.regressions),
-                "seconds": round(elapsed, 3),
-            }
-        )
+        print_json({**asdict(rendered), "seconds": round(rendered.seconds, 3)})
         return 0
-    print(
-        f"rendered {len(pages)} pages from {site.result_count} results in {len(site.runs)} runs "
-        f"into {args.out}/ in {elapsed:.2f} s; {new} new regressions, {len(site.regressions)} total; "
-        f"open {args.out}/index.html"
-    )
+    print(rendered.line())
     return 0
 
 
