@@ -60,6 +60,7 @@ from grace.capture import CapturedGraph, CaptureError, GraphHook, StorageSpan, s
 from grace.compat import cuda as cuda_compat
 from grace.cudagraph import ArgumentEdit, KernelNode, edit_kernel_node_arguments
 from grace.reasons import SkipCode, SkipReason
+from grace.seams import load_seam
 
 REBIND_ALIGNMENT = 256  # bytes: every address a kernel was given keeps its alignment up to this
 
@@ -110,8 +111,9 @@ def edits_for(
 ) -> dict[int, list[ArgumentEdit]] | str:
     """The argument edits that make a graph read each moved static input at its new address (node ->
     edits), or why it cannot: a use the scan cannot account for is never left unedited."""
-    from grace.pi import scan as scan_mod
-
+    scan_mod, unavailable = load_seam("pi.scan")
+    if scan_mod is None:
+        return str(unavailable)
     ranges = [scan_mod.InputRange(i, old[i].data_ptr, old[i].start, old[i].end) for i in sorted(moved)]
     parameterless = [k.node for k in nodes if not k.params and k.extra is None]
     found = scan_mod.scan(nodes, copy_nodes, other_node_types, ranges, parameterless)
@@ -136,8 +138,7 @@ class RawGraph:
     """An executable graph grace instantiated itself, launched like ``torch.cuda.CUDAGraph.replay``."""
 
     def __init__(self, graph: int, graph_exec: int, device: torch.device) -> None:
-        from grace.pi import driver
-
+        driver = _pi_part("driver")
         self._graph = graph
         self._exec = graph_exec
         self._device = device
@@ -153,11 +154,19 @@ class RawGraph:
         return self._exec
 
     def reset(self) -> None:
-        from grace.pi import driver
-
+        driver = _pi_part("driver")
         graph, graph_exec, self._graph, self._exec = self._graph, self._exec, 0, 0
         if graph:
             driver.graph_destroy(graph, graph_exec)
+
+
+def _pi_part(name: str) -> Any:
+    """``grace.pi.<name>``, whose driver layer and graph scan rebinding shares, reached through the seam
+    (grace.seams); ``CaptureError`` (``rebind_declined``) when it cannot be used."""
+    module, unavailable = load_seam(f"pi.{name}")
+    if module is None:
+        raise _declined(str(unavailable))
+    return module
 
 
 def _declined(why: str) -> CaptureError:
@@ -177,9 +186,8 @@ def rebind(
     ``origin.capture_spans``: a graph captured on the caller's inputs has no placeholders). Raises
     ``CaptureError`` (code ``rebind_declined``) when the graph cannot follow the move.
     """
-    from grace.pi import driver
-    from grace.pi.plan import graph_nodes_for_scan
-
+    driver = _pi_part("driver")
+    graph_nodes_for_scan = _pi_part("plan").graph_nodes_for_scan
     if origin.origin is not None:
         raise ValueError("rebind from the graph that was captured, not from a rebound one")
     if random_ops:
