@@ -5,150 +5,50 @@ wrong result or applying the callable's side effects twice, and it must leave no
 variants it drops.
 
 Design (one call, on the caller's real inputs):
-1. capture the graph-with-copies variant and, when PI is enabled and usable, a second graph that
-   ``grace.pi.prepare`` edits before instantiation (Note: [PI seam] in ``grace.capture``). With option
-   ``pi_direct``, first the PI graph alone, captured on the caller's inputs; it stands alone when its
-   PI serves every dynamic input, else the two usual graphs are captured;
-2. run the no-graph callable as the reference before step 1, so that no capture is the first run of
-   the compiled code (a callable that writes its inputs gets them back before the captures; one
-   without side effects, when its outputs reach option ``host_reference_bytes``, has them copied to
-   host memory with the no-graph variant's SCG samples taken at once), then each graph variant, each
-   run starting from the
-   call's state (``grace.rerun.CallStart``: mutated inputs and, for a callable with random ops, the
-   generators); a variant whose outputs (or mutated inputs) differ from the reference is dropped. PI is
-   checked first, with zeros in the placeholders it shares with the copies graph, then
-   again with its inputs at new addresses (the placeholders, holding the inputs' values);
-3. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
+1. the no-graph reference runs first, so that no capture is the first run of the compiled code; a
+   callable that writes its inputs gets them back after its reference state is kept, and one without
+   side effects whose outputs reach option ``host_reference_bytes`` has them copied to host memory, with
+   the no-graph variant's SCG samples taken at once (grace.hostref);
+2. the graph variants of ``grace.variants`` are captured: with copies and, when PI is enabled and
+   usable, a PI graph reading the same placeholders (Note: [PI seam] in grace.capture); under option
+   ``pi_direct`` first the PI graph alone, on the caller's inputs, which stands alone when its PI
+   serves every dynamic input;
+3. each variant runs from the call's state (``grace.rerun.CallStart``) in its spec's check order and
+   is dropped when its outputs or mutated inputs differ from the reference (PI first, with zeros in the
+   placeholders it shares, then again with its inputs at new addresses: the placeholders);
+4. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
-   are not timed (timing would repeat the side effects): they keep the best graph variant;
-4. release the dropped graphs, bind the slot's steady run function, arm the runner's safety net
-   (grace.verify) and return the chosen variant's output, itself compared with the no-graph output;
-   that last run starts from the call's state too, so the call leaves what one run leaves.
+   are not timed: they keep the preferred graph variant;
+5. release the dropped graphs and return a ``SlotDecision``: the slot applies it (binds the graph,
+   arms the safety net of grace.verify) and makes the call's last run, itself compared with the
+   no-graph output and started from the call's state.
 
-A PI graph is handed to its plan's ``prepare_launch`` after instantiation (a graph with vendor nodes is
-uploaded, as CUDA asks for device-side node updates); the plan's ``health`` (did the vendor preludes
-apply their updates) is part of every numeric check.
+``decide`` reads the slot's facts (``SlotFacts``) and never writes the slot; the stats record gets the
+reasons and node counts. A PI graph is handed to its plan's ``prepare_launch`` after instantiation;
+the plan's ``health`` is part of every numeric check.
 
-Invariant: every exit path leaves the slot in a steady state (graph variant or no graph with a reason).
-
-Note: [Deciding-call memory]
-CUDA memory grace allocates from a slot's first call to its first steady call, for a callable with N
-dynamic inputs of B bytes (U = N*B), outputs of O bytes that it allocates (views of inputs are free),
-W bytes of transient intermediates per run, C bytes of comparison temporaries (a few
-``scg.COMPARE_CHUNK``-element tensors: about 1 MiB in float32), and a caller that drops each call's
-output before the next call (as suites/harness.py does). Peaks are above what was allocated before the
-first call, the caller's inputs included. Outputs of a graph live in its private pool for as long as
-the graph; placeholders live in the default pool.
-
-  phase                           before this note (alive at once)         now
-  warm-up call, no graph          O + W                                    O + W
-  capture graph-with-copies       placeholders U + pool O                  U + O
-  capture PI graph                own placeholders U + pool O: 2U + 2O     shared placeholders: U + 2O
-  reference (no-graph) run        + O: 2U + 3O                             U + 3O
-  numeric checks                  + C                                      + C
-  PI at new input addresses       + clones of the inputs: 3U + 3O + C      placeholders as inputs: + 0
-  timing (no-graph samples)       reference kept: 2U + 4O + W              reference dropped: U + 3O + W
-  returned replay, verified       U + O + reference O + clone O            U + O + reference O
-                                  + verification's reference O: U + 4O     (outputs compared in place)
-  first steady call, verified     U + O + clone O + reference O            U + 2O
-  peak                            max(3U + 3O + C, 2U + 4O + W)            U + 3O + max(C, W)
-
-For 64 inputs of 4 MiB (U = 256 MiB) returning one 4 MiB output per input (O = U), before: 6U = 1536
-MiB plus C (then whole-output ``allclose`` temporaries, tens of MiB): the about 1600 MiB measured on
-the H200 (with O small it would have been 3U, about 780 MiB). Now 4U + C, about 1030 MiB. Mutating
-callables add snapshots of their mutated inputs (a few times their bytes) and keep the output clone in
-the verification, as before.
-
-PyTorch's cudagraph trees ("reduce-overhead") in the same window: the warm-up run allocates O + W in
-the tree's pool; recording allocates static copies of the non-static inputs (U) in that pool, but holds
-them only through non-owning tensors, so Inductor's ``del argN`` after an input's last use frees it
-inside the pool and later buffers of the same graph (outputs included) reuse it; replays copy into
-the recorded addresses. Peak: U + O + W when every kernel reads every input (one fused kernel over all
-inputs), down to about U when each input is dead before the next output is allocated (64 independent
-elementwise kernels: consistent with the 256 MiB measured for pt2cg). Against U + O, grace is within
-10% when 1.9 O + C <= 0.1 U: outputs small next to the inputs, e.g. 64 inputs combined into one 4 MiB
-output, U + 3O + C = about 1.05 (U + O). Where O is of the order of U, what remains is structural:
-grace's graphs own their placeholders and their outputs (U + O for the kept graph alone, against about
-U), and the PI graph has outputs of its own while both graphs are timed. Closing it needs placeholders
-allocated in the graph's pool and released during capture as cudagraph trees do (which PI's address
-matching must then tell apart from outputs reusing those addresses), and one capture instantiated
-twice (copies and PI) so that the two variants share outputs and intermediates.
-
-Option ``pi_direct`` removes the placeholders from the decision: the PI graph is captured on the
-caller's inputs (they are alive anyway) and, when its PI serves every dynamic input, it is the only
-graph captured. Peak: the graph's outputs O in its pool plus one no-graph output O (the reference, or
-a timed no-graph run, or the verification's reference): 2O + max(C, W), no U term. For the suites'
-elementwise_64x1m (one input, one output of the same size) that is 2U, against pt2cg's U + O = 2U
-while its one kernel reads its copy of the input and writes its output. A graph captured this way has
-no placeholders to run at new addresses during the decision; the runner compares its first call at
-other addresses with the no-graph callable (grace.verify), and a failed PI check there or here falls
-back to the graph with copies (here) or to no graph (there).
-
-Measured on the H200 (torch 2.11, results/gpu-checks/memory-h200-2026-11-29.json, peak above the base
-in the first three calls): 64 inputs into one 4 MiB output, 272 MiB with the two variants and 12 MiB
-under ``pi_direct`` (pt2cg: 194 MiB); one 4 MiB output per input (O = U), 1028 MiB (4U) and 516 MiB
-(2O) (pt2cg: 260 MiB); elementwise_64x1m, 516 MiB against pt2cg's 512 MiB. Where O is about U and
-pt2cg reuses its input copies for its outputs (the suites' nvidia_deeprecommender: 272-305 MiB against
-144 MiB) the 2O of the decision remained: the reference and the timed no-graph runs allocated their
-outputs while the graph's outputs sat in its pool.
-
-Option ``host_reference_bytes`` (grace.hostref) removes that second O for callables without side
-effects whose outputs reach it: a graph's outputs stay in its pool (allocated) for as long as it lives,
-so every no-graph run is moved before the first capture (the reference, copied to host memory and
-freed, and the no-graph variant's SCG samples, which are then not interleaved with the graphs'), the
-checks and the returned replay compare with the host copy chunk by chunk, and the first steady call is
-not compared again (the returned replay was, on the same inputs). Peak: max(O + W, the kept graph's pool
-+ C): about O for O = U. The first call with inputs at other addresses is still compared with the
-no-graph callable (2O then, outside the first calls). Measured on the H200 (results/gpu-checks/
-memory-h200-2026-11-29.json): one output per input, 261 MiB against pt2cg's 260 MiB (516 MiB before);
-elementwise_64x1m, 261 MiB against 512 MiB; in the suites, pyhpc equation of state 9 MiB against 16 MiB
-and turbulent kinetic energy 21 MiB against 24 MiB.
-
-Model workloads add cuBLAS workspaces (Note: [cuBLAS workspaces] in grace.capture; about 32 MiB each on
-the H200): the warm-up's on the capture stream and the no-graph runs' on the caller's stream were both
-held, 33-37 MiB above pt2cg on every model with matmuls. Dropped around each capture and after the
-warm-up, the peaks of the suites' window equal pt2cg's (results/gpu-checks/probe-h200-2026-11-29-b.json:
-XLNet 49.1 MiB, MT5 277.3, DistilGPT2 57.9, nvidia_deeprecommender 177.0). Where convolutions and
-matmuls mix, each no-graph run after the first held the workspace beside the convolutions' transient
-ones (alexnet 63.5 MiB against 33.3, lcnet_050 82.1 against 49.0, probe-h200-2026-11-29-d.json): every
-no-graph run grace makes now starts without one. In the suites (results/h200-torch2.11-2026-11-29-j.jsonl,
-``calls_peak_mem_bytes``: the calls after the compiling one), grace is within 10% of pt2cg on 21 of the
-22 standard workloads pt2cg runs (alexnet 33.4 MiB against 33.3, lcnet_050 49.1 against 49.0,
-seed_elementwise_1m 5.3 against 8.0, linear8_cpu_scalar 37.0 against 34.0, the largest ratio). What
-remained above pt2cg: mutating callables' outputs as large as their inputs (the reference runs after the
-capture), and the outputs every kept graph holds in its own pool for as long as it lives, which added up
-over the graphs of a model split by graph breaks: DebertaForQuestionAnswering, 65.5 MiB against 46.3
-(66.2 in the re-run, h200-torch2.11-2026-11-29-k.jsonl), kept 17 to 18 graphs (three of its pieces see
-their layer's parameters at other addresses in each of four layers and got a graph per layer). Such
-graphs are now rebound from one capture and share its pool and outputs where a layer's outputs are dead
-before the next layer (grace.rebind, Note: [Layers that hold each other's outputs]): 47.5 MiB against
-46.3.
+Invariant: every exit path yields a decision the slot can apply (a graph variant, no graph with a
+reason, or deciding again after a write the analysis missed). Note: [Deciding-call memory] (the
+accounting, with the figures measured, is in docs/design/runtime.md): at most one no-graph output is
+alive beside the graphs' pools, none while the no-graph variant is timed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from grace.capture import (
-    CaptureContext,
-    CapturedGraph,
-    CaptureError,
-    GraphHook,
-    StorageSpan,
-    capture_graph,
-    dense_view,
-    poison_placeholders,
-    summary_hook,
-)
+from grace import variants
+from grace.capture import CapturedGraph, CaptureError
 from grace.compat import torch as torch_compat
 from grace.hostref import kept_copy, offload
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.rerun import CallStart
+from grace.runplan import SlotFacts
 from grace.scg import (
     Decision,
     DecisionSource,
@@ -159,129 +59,143 @@ from grace.scg import (
     outputs_match,
     time_variants,
 )
-from grace.verify import graph_health, synchronize
-
-if TYPE_CHECKING:
-    from grace.runner import GraphSlot
+from grace.variants import VariantSpec, spec_of
+from grace.verify import graph_health
 
 logger = logging.getLogger(__name__)
 
-_GRAPH_PREFERENCE = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
-_CHECK_ORDER = (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
 # Each timed no-graph run starts without a cuBLAS workspace, as a stream's first run does, instead of
 # holding one beside its cuDNN convolutions' transient ones (Note: [cuBLAS workspaces] in grace.capture).
 _FRESH_WORKSPACE = {Variant.NO_GRAPH: torch_compat.clear_cublas_workspaces}
 
 
-def decide(slot: GraphSlot, args: Sequence[Any]) -> Any:
-    runner = slot.runner
-    record = slot.record
-    mutated = sorted(slot.mutated)
-    keep_bytes = runner.options.host_reference_bytes
+@dataclass(frozen=True)
+class SlotDecision:
+    """What a deciding call settled, for the slot to apply (Note: [Slot states] in grace.runner).
+
+    ``variant``: a graph variant (``graph`` is its graph), ``Variant.NO_GRAPH`` (``reason``: why, when
+    no decision was made) or ``Variant.PENDING``: decide again on the next call, the inputs in
+    ``written`` joining the written ones (``output``: this call's output). For no graph, ``output`` is
+    the reference to return when it is this call's result. ``start``: the call's state every further run
+    starts from; ``host_reference``: the reference in host memory the returned replay is compared with;
+    ``verify``: arm the safety net (grace.verify) for the graph's first replays."""
+
+    variant: Variant
+    graph: CapturedGraph | None = None
+    decision: Decision | None = None
+    reason: SkipReason | None = None
+    written: tuple[int, ...] = ()
+    output: Any = None
+    start: CallStart | None = None
+    host_reference: Any = None
+    verify: bool = True
+
+    @classmethod
+    def bind(cls, variant: Variant, graph: CapturedGraph) -> SlotDecision:
+        """A graph checked elsewhere, bound as it is (no safety net): for stand-ins of the deciding call."""
+        return cls(variant, graph=graph, verify=False)
+
+
+@dataclass(frozen=True)
+class Rebound:
+    """What ``rebind_graph`` made: the graph, or None; ``block``: no more rebinds for the slot."""
+
+    graph: CapturedGraph | None
+    block: bool = False
+
+
+def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
+    """The deciding call of one slot on ``args`` (see the module docstring)."""
+    mutated = list(facts.mutated)
+    keep_bytes = facts.options.host_reference_bytes
     try:  # every run below starts from the call's state (the rule in grace.rerun)
-        start = CallStart(args, mutated, bool(runner.plan.random_ops), runner.plan.device, keep_bytes)
+        start = CallStart(args, mutated, bool(facts.plan.random_ops), facts.plan.device, keep_bytes)
     except Exception as exc:
-        ops = ", ".join(runner.plan.random_ops[:3])
-        slot.set_no_graph(
-            SkipReason(
-                SkipCode.RANDOM_STATE_UNKNOWN,
-                f"the graph draws random numbers ({ops}) and the generators' state cannot be saved "
-                f"({type(exc).__name__}: {exc}): extra runs would consume the caller's numbers",
-            )
+        ops = ", ".join(facts.plan.random_ops[:3])
+        reason = SkipReason(
+            SkipCode.RANDOM_STATE_UNKNOWN,
+            f"the graph draws random numbers ({ops}) and the generators' state cannot be saved "
+            f"({type(exc).__name__}: {exc}): extra runs would consume the caller's numbers",
         )
-        return slot.run(args)
-    restore = start.restore
+        return SlotDecision(Variant.NO_GRAPH, reason=reason)
 
     # The reference comes before any capture, so that no capture is the first run of the compiled code
     # (without warm-up, lazy first-run work, loading kernels or creating handles, would invalidate
-    # it): for a callable without side effects in host memory when its outputs are large, with the
-    # no-graph variant's samples (Note: [Deciding-call memory]); one that writes its inputs gets them
-    # back after the reference state is kept.
-    early = _reference_first(slot, args, start) if not mutated else _written_reference(slot, args, start)
+    # it); one that writes its inputs gets them back after the reference state is kept.
+    early = _reference_first(facts, args, start, writes_inputs=bool(mutated))
     if isinstance(early, _MissedWrite):
-        return _stop_for_missed_write(slot, start, early.output)
+        return _decide_again(facts, start, early.output)
     reference_state: list[Any] = []
     if mutated:
         reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
-        restore()
-    graphs = _capture_variants(slot, args, mutated)
+        start.restore()
+    graphs, wanted = _capture_variants(facts, args)
     direct = any(g.borrowed for g in graphs.values())
 
     reference, on_host, pretimed = early
     del early  # ``reference`` is the only holder: it is dropped before the timing
     host_reference = reference if on_host else None
-    checks: dict[str, str] = {Variant.NO_GRAPH.value: "reference"}
-    candidates = [Variant.NO_GRAPH]
+    checks = _Checks(facts, graphs)
 
-    def problem_of(variant: Variant, graph: CapturedGraph) -> str | None:
-        return _check_variant(slot, variant, graph, args, reference, reference_state, mutated, restore)
+    def problem_of(spec: VariantSpec, graph: CapturedGraph) -> str | None:
+        return _check_variant(facts, spec, graph, args, reference, reference_state, start.restore)
 
-    def keep_if_it_passes(variant: Variant, graph: CapturedGraph, problem: str | None) -> None:
-        checks[variant.value] = problem or "pass"
-        if problem is None:
-            candidates.append(variant)
-            return
-        code = SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
-        record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
-        graph.release()
-        del graphs[variant]
-
-    # PI first: the placeholders it shares with the copies graph hold no copied input yet. Candidates
-    # keep the capture order (it is part of the persisted decision key).
-    problems = {v: problem_of(v, graphs[v]) for v in sorted(graphs, key=_CHECK_ORDER.index)}
-    for variant, graph in list(graphs.items()):
-        keep_if_it_passes(variant, graph, problems[variant])
-    if direct and len(candidates) == 1:
-        # The PI graph read on the caller's inputs failed: the graph with copies is the other graph.
-        copies = _capture_copies(slot, args, mutated)
-        if copies is not None:
-            graphs[Variant.GRAPH_COPIES] = copies
-            keep_if_it_passes(Variant.GRAPH_COPIES, copies, problem_of(Variant.GRAPH_COPIES, copies))
-    if len(candidates) > 1 or host_reference is not None:
+    # In each spec's check order; candidates keep the capture order (part of the persisted key).
+    problems = {
+        v: problem_of(spec_of(v), graphs[v]) for v in sorted(graphs, key=lambda v: spec_of(v).check_rank)
+    }
+    for variant in list(graphs):
+        checks.keep_if_it_passes(variant, problems[variant])
+    if direct and len(checks.candidates) == 1:
+        # The graph read on the caller's inputs failed: capture the variants that need no other.
+        tried = set(problems)
+        for spec in (s for s in wanted if s.variant not in tried and not s.needs):
+            graph = spec.capture(facts, args, graphs)
+            if graph is not None:
+                graphs[spec.variant] = graph
+                checks.keep_if_it_passes(spec.variant, problem_of(spec, graph))
+    if len(checks.candidates) > 1 or host_reference is not None:
         # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed
         # (and a reference in host memory is no output to return).
         reference = None
         reference_state = []
 
-    decision = _choose(slot, args, graphs, candidates, checks, bool(mutated), pretimed)
+    decision = _choose(facts, args, graphs, checks, bool(mutated), pretimed)
     for variant, graph in graphs.items():
         if variant != decision.variant:
             graph.release()
-    record.decision = decision
-    slot.decision = decision
     if decision.variant == Variant.NO_GRAPH:
-        if len(candidates) > 1:
+        if len(checks.candidates) > 1:
             detail = ", ".join(f"{k} {v:.4f} ms" for k, v in decision.medians_ms.items())
-            record.add_skip(SkipReason(SkipCode.SCG_SLOWER, f"no graph is fastest ({detail})"))
-        slot.set_no_graph(None)
-        if not mutated:
-            record.calls += 1
-            if reference is not None:
-                start.resume_first_run()  # the generators where the run that made it left them
-                return reference
-            restore()
-            return runner.compiled(*args)
-        restore()
-        return slot.run(args)
-
-    chosen = graphs[decision.variant]
+            facts.record.add_skip(SkipReason(SkipCode.SCG_SLOWER, f"no graph is fastest ({detail})"))
+        output = reference if not mutated else None
+        return SlotDecision(Variant.NO_GRAPH, decision=decision, output=output, start=start)
     # Replays use the workspace in the graph's pool: the one the no-graph runs allocated is not needed
     # in the steady state (Note: [cuBLAS workspaces] in grace.capture).
     torch_compat.clear_cublas_workspaces()
-    slot.graph = chosen
-    slot.note_graphs()
-    record.variant = decision.variant
-    record.copy_bytes_per_replay = _copied_bytes(chosen, decision.variant)
-    record.copy_launches_per_replay = _copy_launches(chosen, decision.variant)
-    slot.run = slot._run_pi if decision.variant == Variant.GRAPH_PI else slot._run_copies
-    if host_reference is None:
-        slot.arm_verification(args)  # this call's replay, the first steady one, the first at new addresses
-        restore()
-        return slot.run(args)
-    # This call's replay is compared with the host reference (same inputs, no side effects) and the
-    # first call at new addresses with the no-graph callable; no no-graph run while the graph lives.
-    slot.arm_verification(args, calls=0)
-    return _returned_replay(slot, args, host_reference, start)
+    chosen = graphs[decision.variant]
+    return SlotDecision(
+        decision.variant, graph=chosen, decision=decision, start=start, host_reference=host_reference
+    )
+
+
+@dataclass
+class _Checks:
+    """The numeric checks of one deciding call and the variants that passed them."""
+
+    facts: SlotFacts
+    graphs: dict[Variant, CapturedGraph]
+    results: dict[str, str] = field(default_factory=lambda: {Variant.NO_GRAPH.value: "reference"})
+    candidates: list[Variant] = field(default_factory=lambda: [Variant.NO_GRAPH])
+
+    def keep_if_it_passes(self, variant: Variant, problem: str | None) -> None:
+        self.results[variant.value] = problem or "pass"
+        if problem is None:
+            self.candidates.append(variant)
+            return
+        code = SkipCode.REPLAY_FAILED if problem.startswith("replay failed") else SkipCode.NUMERIC_MISMATCH
+        self.facts.record.add_skip(SkipReason(code, f"{variant.value}: {problem}"))
+        self.graphs.pop(variant).release()
 
 
 @dataclass(frozen=True)
@@ -291,345 +205,90 @@ class _MissedWrite:
     output: Any
 
 
-def _stop_for_missed_write(slot: GraphSlot, start: CallStart, output: Any) -> Any:
+def _decide_again(facts: SlotFacts, start: CallStart, output: Any) -> SlotDecision:
     """End the deciding call with its first (and only) run: the inputs it wrote join the slot's written
     inputs, and the next call decides again (as after a warm-up call that saw the writes)."""
     written = start.unexpected_writes()
-    slot.mutated.update(written)
-    slot.record.calls += 1
-    slot.warmups_left = 0
-    slot.run = slot._run_warmup  # also after a capture for moved static inputs: no graph is bound
     logger.warning(
         "grace: graph %s wrote inputs %s that the analysis did not find; deciding again on the next call",
-        slot.record.graph_id,
+        facts.record.graph_id,
         written,
     )
-    return output
+    return SlotDecision(Variant.PENDING, written=tuple(written), output=output)
 
 
 def _reference_first(
-    slot: GraphSlot, args: Sequence[Any], start: CallStart
+    facts: SlotFacts, args: Sequence[Any], start: CallStart, *, writes_inputs: bool
 ) -> tuple[Any, bool, list[float] | None] | _MissedWrite:
-    """(reference, in host memory, no-graph SCG samples) for a callable without side effects, run
-    before any capture: the samples are taken then only for a reference held in host memory."""
-    runner = slot.runner
-    options = runner.options
-    output = runner.compiled(*args)
+    """(reference, in host memory, no-graph SCG samples): the call's first run, before any capture.
+
+    A callable that writes its inputs keeps its output on the device (the caller puts the inputs back
+    after keeping what the run left in them). One without side effects has a large output moved to host
+    memory, and only then are the no-graph samples taken here."""
+    options = facts.options
+    output = facts.compiled(*args)
     if start.unexpected_writes():
         return _MissedWrite(output)
+    if writes_inputs:
+        start.note_first_run()
+        return output, False, None
     value, on_host = offload(output, options.host_reference_bytes)
     del output
     start.note_first_run()
     if not (on_host and options.scg):
         return value, on_host, None
-    samples = _time(slot, {Variant.NO_GRAPH: lambda: runner.compiled(*args)})
+    samples = _time(facts, {Variant.NO_GRAPH: lambda: facts.compiled(*args)})
     return value, on_host, samples[Variant.NO_GRAPH]
 
 
-def _written_reference(
-    slot: GraphSlot, args: Sequence[Any], start: CallStart
-) -> tuple[Any, bool, None] | _MissedWrite:
-    """The reference of a callable that writes its inputs: its first run in the call, before any capture
-    (the caller puts the inputs back after keeping what the run left in them)."""
-    output = slot.runner.compiled(*args)
-    if start.unexpected_writes():
-        return _MissedWrite(output)
-    start.note_first_run()
-    return output, False, None
-
-
-def _time(slot: GraphSlot, runs: dict[Variant, Callable[[], Any]]) -> dict[Variant, list[float]]:
+def _time(facts: SlotFacts, runs: dict[Variant, Callable[[], Any]]) -> dict[Variant, list[float]]:
     """SCG's samples of ``runs`` with the slot's options, each no-graph run without a cuBLAS workspace."""
-    options = slot.runner.options
+    options = facts.options
     return time_variants(
         runs,
         samples=options.scg_samples,
         warmup=options.scg_warmup,
-        device=slot.runner.plan.device,
+        device=facts.plan.device,
         untimed_setup=_FRESH_WORKSPACE,
     )
 
 
-def _returned_replay(slot: GraphSlot, args: Sequence[Any], host_reference: Any, start: CallStart) -> Any:
-    """The deciding call's replay, compared with the reference held in host memory; the no-graph
-    callable's output instead (and no graph from now on) when they differ. Each run starts from the
-    call's state (``start``)."""
-    graph = slot.graph
-    start.restore()
-    out = slot.run(args)
-    if slot.graph is not graph or graph is None or not slot.runner.options.check_numerics:
-        return out  # (a failed replay already left the slot without a graph)
-    synchronize(graph.device)
-    problem = outputs_match(host_reference, out) or graph_health(graph)
-    if problem is None:
-        return out
-    slot.drop_for_mismatch(slot.record.variant, "deciding call's replay", problem)
-    start.restore()
-    return slot.runner.compiled(*args)
-
-
 def _capture_variants(
-    slot: GraphSlot, args: Sequence[Any], mutated: list[int]
-) -> dict[Variant, CapturedGraph]:
-    """The graph variants to check: with copies and with PI; or, under option ``pi_direct``, only the PI
-    graph captured on the caller's inputs when its PI serves every dynamic input."""
-    try_pi = _pi_wanted(slot)
-    if try_pi and slot.runner.options.pi_direct:
-        direct = _capture_pi(slot, args, mutated, borrow=True)
-        if direct is not None:
-            return {Variant.GRAPH_PI: direct}
-    copies = _capture_copies(slot, args, mutated)
-    if copies is None:
-        return {}
-    graphs = {Variant.GRAPH_COPIES: copies}
-    if try_pi:
-        pi_graph = _capture_pi(slot, args, mutated, shared=copies.placeholders)
-        if pi_graph is not None:
-            graphs[Variant.GRAPH_PI] = pi_graph
-    return graphs
-
-
-def _pi_wanted(slot: GraphSlot) -> bool:
-    """Whether to capture a PI graph; records why not where PI was asked for and cannot be used."""
-    runner = slot.runner
-    plan = runner.plan
-    if not runner.options.pi:
-        return False
-    if plan.pi_prepare is None:
-        if plan.pi_unavailable is not None:
-            slot.record.add_skip(plan.pi_unavailable)
-        return False
-    if not plan.dynamic_indices:
-        slot.record.add_skip(SkipReason(SkipCode.PI_NO_DYNAMIC_INPUTS, "every tensor input is static"))
-        return False
-    return True
-
-
-def _record_summary(slot: GraphSlot, sink: dict[str, Any]) -> None:
-    record = slot.record
-    summary = sink.get("summary")
-    if summary is not None:
-        record.kernel_nodes = summary.kernel_nodes
-        record.launch_nodes = sum(summary.by_type.get(t, 0) for t in ("kernel", "memset", "memcpy"))
-        record.node_types = dict(summary.by_type)
-    elif "summary_error" in sink:
-        logger.debug("grace: no node counts for %s: %s", record.graph_id, sink["summary_error"])
-
-
-def _capture_copies(slot: GraphSlot, args: Sequence[Any], mutated: list[int]) -> CapturedGraph | None:
-    runner = slot.runner
-    plan = runner.plan
-    assert plan.device is not None
-    sink: dict[str, Any] = {}
-    try:
-        graph = capture_graph(
-            runner.compiled,
-            args,
-            device=plan.device,
-            dynamic_indices=plan.dynamic_indices,
-            static_indices=plan.static_indices,
-            mutated_indices=mutated,
-            hooks=[summary_hook(sink)],
-            keep_pristine=_keeps_pristine(slot),
-        )
-    except CaptureError as exc:
-        _decline(slot, exc.reason)
-        return None
-    _record_summary(slot, sink)
-    return graph
-
-
-def _capture_pi(
-    slot: GraphSlot,
-    args: Sequence[Any],
-    mutated: list[int],
-    *,
-    borrow: bool = False,
-    shared: dict[int, torch.Tensor] | None = None,
-) -> CapturedGraph | None:
-    """The PI graph, read from ``shared`` placeholders or (``borrow``) from the caller's inputs; None with
-    the reason recorded when PI cannot serve it (a borrowed capture also when one input keeps a copy)."""
-    runner = slot.runner
-    plan = runner.plan
-    record = slot.record
-    device = plan.device
-    assert device is not None
-    holder: dict[str, Any] = {}
-    sink: dict[str, Any] = {}
-    pi_hook = _pi_hook(slot, args, holder)
-    try:
-        pi_graph = capture_graph(
-            runner.compiled,
-            args,
-            device=device,
-            dynamic_indices=plan.dynamic_indices,
-            static_indices=plan.static_indices,
-            mutated_indices=mutated,
-            hooks=[summary_hook(sink), pi_hook] if borrow else [pi_hook],
-            placeholders=shared,  # Note: [Deciding-call memory]
-            borrow_inputs=borrow,
-            keep_pristine=_keeps_pristine(slot),
-        )
-    except CaptureError as exc:
-        if borrow:
-            record.add_skip(SkipReason(SkipCode.PI_DIRECT_DECLINED, f"capture: {exc.reason}"))
-        else:
-            record.add_skip(SkipReason(SkipCode.PI_FAILED, f"capture for PI: {exc.reason}"))
-        return None
-    if not _adopt_pi(slot, pi_graph, holder.get("result"), borrow):
-        return None
-    if borrow:
-        _record_summary(slot, sink)
-    return pi_graph
-
-
-def _pi_hook(
-    slot: GraphSlot, args: Sequence[Any], holder: dict[str, Any], spans: dict[int, StorageSpan] | None = None
-) -> GraphHook:
-    """A capture hook that prepares PI for the graph and leaves the plan (or a ``SkipReason``) in
-    ``holder["result"]``; ``spans``: where the graph reads its dynamic inputs, when not the placeholders."""
-    runner = slot.runner
-    plan = runner.plan
-    device = plan.device
-    assert device is not None
-    prepare = plan.pi_prepare
-    assert prepare is not None
-
-    def pi_hook(handle: int, placeholders: Any) -> None:
-        ctx = CaptureContext(
-            graph_handle=handle,
-            placeholders=dict(placeholders),
-            dynamic_input_indices=plan.dynamic_indices,
-            compiled=runner.compiled,
-            output_codes=plan.output_codes,
-            device=device,
-            example_inputs=tuple(args),
-            pi_table_update=runner.options.pi_table_update,
-            placeholder_spans=spans,
-        )
-        try:
-            holder["result"] = prepare(ctx)
-        except Exception as exc:  # a PI failure must only cost PI
-            holder["result"] = SkipReason(SkipCode.PI_FAILED, f"prepare raised {type(exc).__name__}: {exc}")
-
-    return pi_hook
-
-
-def _adopt_pi(slot: GraphSlot, pi_graph: CapturedGraph, result: Any, borrow: bool) -> bool:
-    """Give ``pi_graph`` the plan its hook prepared and ready its first launch; False (the graph
-    released, the reason recorded) when PI cannot serve it, or a graph read on the caller's inputs
-    would keep a copy of one."""
-    record = slot.record
-    device = pi_graph.device
-    if result is None or isinstance(result, SkipReason):
-        reason = (
-            result
-            if isinstance(result, SkipReason)
-            else SkipReason(SkipCode.PI_FAILED, "prepare returned nothing")
-        )
-        if borrow:  # the capture with placeholders tries again, and records its own reason
-            reason = SkipReason(SkipCode.PI_DIRECT_DECLINED, str(reason))
-        record.add_skip(reason)
-        log_once(reason, f"graph {record.graph_id} (PI)")
-        pi_graph.release()
-        return False
-    uncovered = tuple(result.uncovered_indices)
-    if borrow and uncovered:
-        # Such an input is read at its capture address: the caller's tensor, which must never be
-        # copied into. Capture again with placeholders.
-        why = "; ".join(f"input {i}: {r}" for i, r in sorted(result.uncovered_reasons.items()))
-        record.add_skip(
-            SkipReason(SkipCode.PI_DIRECT_DECLINED, f"inputs {list(uncovered)} keep a copy ({why})")
-        )
-        pi_graph.pi_plan = result
-        pi_graph.release()  # with its plan (the table, a fill node's module)
-        return False
-    pi_graph.pi_plan = result
-    if result.launch_preparation_needed:
-        try:
-            stream = torch.cuda.current_stream(device)
-            result.prepare_launch(torch_compat.graph_exec_handle(pi_graph.graph), int(stream.cuda_stream))
-            stream.synchronize()
-        except Exception as exc:
-            record.add_skip(
-                SkipReason(SkipCode.PI_FAILED, f"preparing the first launch: {type(exc).__name__}: {exc}")
-            )
-            pi_graph.release()
-            return False
-    record.pi_bytes_per_replay = int(result.bytes_per_replay)
-    record.pi_stages = [tuple(s) for s in result.stages]  # type: ignore[misc]
-    return True
-
-
-def _keeps_pristine(slot: GraphSlot) -> bool:
-    """Whether captures of this slot keep a copy of their graph for grace.rebind."""
-    runner = slot.runner
-    return runner.options.rebind and bool(runner.plan.static_indices) and not runner.plan.random_ops
-
-
-def rebind_graph(slot: GraphSlot, args: Sequence[Any]) -> CapturedGraph | None:
-    """The slot's graph made to read its static inputs where ``args`` has them (grace.rebind), with the
-    same variant; None, with the reason recorded, when it cannot (the runner then captures again)."""
-    from grace.rebind import rebind
-
-    current = slot.graph
-    assert current is not None
-    origin = current.outputs_owner  # the captured graph of the family
-    variant = slot.record.variant
-    if origin.outputs_read_by(args, slot.runner.plan.dynamic_indices):
-        # Note: [Layers that hold each other's outputs] (grace.rebind)
-        slot.rebind_blocked = True
-        _decline(
-            slot,
-            SkipReason(
-                SkipCode.REBIND_DECLINED,
-                "an output of the graph is an input of the call that moved the parameters (one layer's "
-                "result feeds the next): graphs sharing outputs would overwrite it",
-            ),
-        )
-        return None
-    holder: dict[str, Any] = {}
-    hooks = [_pi_hook(slot, args, holder, dict(origin.capture_spans))] if variant == Variant.GRAPH_PI else []
-    try:
-        graph = rebind(origin, args, hooks, slot.runner.plan.random_ops)
-    except CaptureError as exc:
-        _decline(slot, exc.reason)
-        return None
-    if variant == Variant.GRAPH_PI and not _adopt_pi(slot, graph, holder.get("result"), graph.borrowed):
-        return None
-    return graph
-
-
-def _decline(slot: GraphSlot, reason: SkipReason) -> None:
-    slot.record.add_skip(reason)
-    log_once(reason, f"graph {slot.record.graph_id} ({slot.signature_text})")
-
-
-def _run_variant(slot: GraphSlot, variant: Variant, graph: CapturedGraph, args: Sequence[Any]) -> Any:
-    if variant == Variant.GRAPH_PI:
-        return graph.run_with_pi(args, False)
-    return graph.run_with_copies(args, False)
+    facts: SlotFacts, args: Sequence[Any]
+) -> tuple[dict[Variant, CapturedGraph], list[VariantSpec]]:
+    """The graph variants to check, and the specs the slot wants: one spec's graph that stands alone
+    (option ``pi_direct``: the PI graph captured on the caller's inputs), else every wanted spec whose
+    ``needs`` were captured, in capture order."""
+    wanted = [spec for spec in variants.specs() if spec.wanted(facts)]
+    for spec in wanted:
+        alone = spec.capture_alone(facts, args)
+        if alone is not None:
+            return {spec.variant: alone}, wanted
+    graphs: dict[Variant, CapturedGraph] = {}
+    for spec in wanted:
+        if all(v in graphs for v in spec.needs):
+            graph = spec.capture(facts, args, graphs)
+            if graph is not None:
+                graphs[spec.variant] = graph
+    return graphs, wanted
 
 
 def _check_variant(
-    slot: GraphSlot,
-    variant: Variant,
+    facts: SlotFacts,
+    spec: VariantSpec,
     graph: CapturedGraph,
     args: Sequence[Any],
     reference: Any,
     reference_state: list[torch.Tensor],
-    mutated: list[int],
     restore: Callable[[], None],
 ) -> str | None:
-    if not slot.runner.options.check_numerics:
+    if not facts.options.check_numerics:
         return None
+    mutated = list(facts.mutated)
     restore()
-    if variant == Variant.GRAPH_PI:
-        # A PI slot stuck at its capture address reads a placeholder; if that memory happens to hold the
-        # inputs' values (reused from them, or copied by the copies graph) it would pass. Zeros fail it.
-        poison_placeholders(graph.placeholders)
+    spec.prepare_check(graph)
     try:
-        out = _run_variant(slot, variant, graph, args)
+        out = spec.replay(graph, args, False)
         torch.cuda.synchronize(graph.device)
     except Exception as exc:
         return f"replay failed: {type(exc).__name__}: {exc}"
@@ -638,77 +297,70 @@ def _check_variant(
         problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input")
     if problem is None:
         problem = graph_health(graph)
-    if problem is None and variant == Variant.GRAPH_PI and not mutated and not graph.borrowed:
-        # PI must follow inputs to new addresses: run again on the same values elsewhere. The
-        # placeholders are such a place (other addresses than ``args``, the inputs' exact layout), so
-        # no clone of the inputs is made (Note: [Deciding-call memory]). A graph captured on the
-        # caller's inputs has none: its first call at other addresses is compared with the no-graph
-        # callable by the runner (grace.verify), as every kept graph's is.
-        graph.copy_in(args, graph.copy_indices)
-        moved = list(args)
-        for i in graph.copy_indices:
-            moved[i] = graph.placeholders[i]
-        restore()  # the generators as the call found them (no input is written here)
-        try:
-            out_moved = _run_variant(slot, variant, graph, moved)
-            torch.cuda.synchronize(graph.device)
-        except Exception as exc:
-            return f"replay failed at new input addresses: {type(exc).__name__}: {exc}"
-        problem = outputs_match(reference, out_moved, "output at new input addresses") or graph_health(graph)
-        if graph.pi_plan is not None:
-            graph.pi_plan.update(args)
+    if problem is None and spec.checks_new_addresses(graph, bool(mutated)):
+        problem = _check_at_new_addresses(spec, graph, args, reference, restore)
+    return problem
+
+
+def _check_at_new_addresses(
+    spec: VariantSpec, graph: CapturedGraph, args: Sequence[Any], reference: Any, restore: Callable[[], None]
+) -> str | None:
+    """Run again on the same values elsewhere. The placeholders are such a place (other addresses than
+    ``args``, the inputs' exact layout), so no clone of the inputs is made (Note: [Deciding-call
+    memory])."""
+    graph.copy_in(args, graph.copy_indices)
+    moved = list(args)
+    for i in graph.copy_indices:
+        moved[i] = graph.placeholders[i]
+    restore()  # the generators as the call found them (no input is written here)
+    try:
+        out_moved = spec.replay(graph, moved, False)
+        torch.cuda.synchronize(graph.device)
+    except Exception as exc:
+        return f"replay failed at new input addresses: {type(exc).__name__}: {exc}"
+    problem = outputs_match(reference, out_moved, "output at new input addresses") or graph_health(graph)
+    if graph.pi_plan is not None:
+        graph.pi_plan.update(args)
     return problem
 
 
 def _choose(
-    slot: GraphSlot,
+    facts: SlotFacts,
     args: Sequence[Any],
     graphs: dict[Variant, CapturedGraph],
-    candidates: list[Variant],
-    checks: dict[str, str],
+    checks: _Checks,
     mutates: bool,
     no_graph_samples: list[float] | None = None,
 ) -> Decision:
-    runner = slot.runner
-    options = runner.options
+    options = facts.options
+    candidates, results = checks.candidates, checks.results
     if len(candidates) == 1:
-        return Decision(Variant.NO_GRAPH, DecisionSource.ONLY_CANDIDATE, numeric_checks=checks)
-    best_graph = next(v for v in _GRAPH_PREFERENCE if v in candidates)
+        return Decision(Variant.NO_GRAPH, DecisionSource.ONLY_CANDIDATE, numeric_checks=results)
+    best_graph = min(candidates[1:], key=lambda v: spec_of(v).preference)
     if not options.scg:
-        return Decision(best_graph, DecisionSource.SCG_OFF, numeric_checks=checks)
+        return Decision(best_graph, DecisionSource.SCG_OFF, numeric_checks=results)
     if mutates:
-        return Decision(best_graph, DecisionSource.NOT_PROFILED_MUTATION, numeric_checks=checks)
-    previous = slot.decision
+        return Decision(best_graph, DecisionSource.NOT_PROFILED_MUTATION, numeric_checks=results)
+    previous = facts.previous
     if (
         previous is not None
         and previous.variant in candidates
         and previous.source != DecisionSource.ONLY_CANDIDATE
     ):
         return previous
-    key = runner.decision_key(slot, candidates)
+    key = facts.decision_key(candidates)
     cache = decision_cache(options.resolved_cache_dir()) if (options.persist_decisions and key) else None
     if cache is not None and key is not None:
-        entry = cache.lookup(key)
-        if entry is not None:
-            try:
-                variant = Variant(entry["variant"])
-            except (KeyError, ValueError):
-                variant = Variant.PENDING
-            if variant in candidates:
-                return Decision(
-                    variant,
-                    DecisionSource.CACHE,
-                    medians_ms=dict(entry.get("medians_ms", {})),
-                    numeric_checks=checks,
-                    key=key.digest,
-                )
+        cached = _cached_decision(cache.lookup(key), candidates, results, key.digest)
+        if cached is not None:
+            return cached
     runs: dict[Variant, Callable[[], Any]] = {}
     if no_graph_samples is None:
-        runs[Variant.NO_GRAPH] = lambda: runner.compiled(*args)
+        runs[Variant.NO_GRAPH] = lambda: facts.compiled(*args)
     for variant, graph in graphs.items():
         if variant in candidates:
-            runs[variant] = _bound_run(slot, variant, graph, args)
-    timed = _time(slot, runs)
+            runs[variant] = _bound_run(spec_of(variant), graph, args)
+    timed = _time(facts, runs)
     # No-graph samples taken before the capture (_reference_first) join the graphs' own.
     samples = {Variant.NO_GRAPH: no_graph_samples, **timed} if no_graph_samples is not None else timed
     med = medians(samples)
@@ -717,7 +369,7 @@ def _choose(
         DecisionSource.PROFILED,
         medians_ms={v.value: m for v, m in med.items()},
         samples_ms={v.value: tuple(s) for v, s in samples.items()},
-        numeric_checks=checks,
+        numeric_checks=results,
         key=key.digest if key else None,
     )
     if cache is not None and key is not None:
@@ -725,26 +377,51 @@ def _choose(
     return decision
 
 
-def _bound_run(
-    slot: GraphSlot, variant: Variant, graph: CapturedGraph, args: Sequence[Any]
-) -> Callable[[], Any]:
+def _cached_decision(
+    entry: dict[str, Any] | None, candidates: list[Variant], results: dict[str, str], digest: str
+) -> Decision | None:
+    if entry is None:
+        return None
+    try:
+        variant = Variant(entry["variant"])
+    except (KeyError, ValueError):
+        variant = Variant.PENDING
+    if variant not in candidates:
+        return None
+    medians_ms = dict(entry.get("medians_ms", {}))
+    return Decision(variant, DecisionSource.CACHE, medians_ms=medians_ms, numeric_checks=results, key=digest)
+
+
+def _bound_run(spec: VariantSpec, graph: CapturedGraph, args: Sequence[Any]) -> Callable[[], Any]:
     def run() -> Any:
-        return _run_variant(slot, variant, graph, args)
+        return spec.replay(graph, args, False)
 
     return run
 
 
-def _copied_bytes(graph: CapturedGraph, variant: Variant) -> int:
-    if variant == Variant.GRAPH_PI and graph.pi_plan is not None:
-        uncovered = set(graph.pi_plan.uncovered_indices)
-        return sum(dense_view(graph.placeholders[i]).nbytes for i in graph.copy_indices if i in uncovered)
-    return graph.copy_bytes
+def rebind_graph(facts: SlotFacts, current: CapturedGraph, variant: Variant, args: Sequence[Any]) -> Rebound:
+    """``current`` made to read its static inputs where ``args`` has them (grace.rebind), as ``variant``;
+    no graph, with the reason recorded, when it cannot (the slot then captures again)."""
+    origin = current.outputs_owner  # the captured graph of the family
+    if origin.outputs_read_by(args, facts.plan.dynamic_indices):
+        # Note: [Layers that hold each other's outputs] (grace.rebind)
+        _decline(
+            facts,
+            SkipReason(
+                SkipCode.REBIND_DECLINED,
+                "an output of the graph is an input of the call that moved the parameters (one layer's "
+                "result feeds the next): graphs sharing outputs would overwrite it",
+            ),
+        )
+        return Rebound(None, block=True)
+    spec = variants.REGISTRY.get(variant) or spec_of(Variant.GRAPH_COPIES)
+    try:
+        return Rebound(spec.rebind(facts, origin, args))
+    except CaptureError as exc:
+        _decline(facts, exc.reason)
+        return Rebound(None)
 
 
-def _copy_launches(graph: CapturedGraph, variant: Variant) -> int:
-    indices: Sequence[int] = graph.copy_indices
-    if variant == Variant.GRAPH_PI and graph.pi_plan is not None:
-        uncovered = set(graph.pi_plan.uncovered_indices)
-        indices = [i for i in indices if i in uncovered]
-    copies = 1 if len(indices) > 1 and hasattr(torch, "_foreach_copy_") else len(indices)
-    return copies + len([i for i in graph.mutated_indices if i in indices])
+def _decline(facts: SlotFacts, reason: SkipReason) -> None:
+    facts.record.add_skip(reason)
+    log_once(reason, f"graph {facts.record.graph_id} ({facts.signature_text})")

@@ -26,6 +26,7 @@ from typing import Any
 
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from grace.scg import uses_graph
 
 
 class _ExplainBackend(GraceBackend):
@@ -53,7 +54,7 @@ class GraphExplanation:
 
     @property
     def captured(self) -> bool:
-        return any(s["variant"] in ("graph_copies", "graph_pi") for s in self.slots)
+        return any(uses_graph(s["variant"]) for s in self.slots)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 Problem: checking a graph variant against the no-graph callable needs both outputs at once. A graph
 holds its outputs in its pool for as long as it lives, so a no-graph run after the capture puts a second
 copy of the outputs on the device: when outputs are as large as the inputs, that copy is what puts
-grace's first calls above PyTorch's cudagraph trees in peak memory (Note: [Deciding-call memory] in
-grace.decide).
+grace's first calls above PyTorch's cudagraph trees in peak memory (Note: [Deciding-call memory],
+docs/design/runtime.md).
 
 Design: ``offload`` copies every CUDA tensor of an output tree to host memory (structure and non-tensor
 values kept) when the tree holds at least a given number of bytes; ``grace.scg.outputs_match`` brings

@@ -4,8 +4,7 @@ Problem: one compiled callable often serves several modules of one class (a laye
 compiled once after a graph break, called for each layer with that layer's parameters). Its static
 inputs (parameters, buffers) then sit at other addresses on every call, and a graph reads them in place.
 A capture per address set gives every layer's graph its own pool: its own intermediates and its own
-outputs, held for as long as the graph lives (DebertaForQuestionAnswering on the H200: 17-18 graphs,
-1.4x the memory of pt2cg, whose recordings share one pool).
+outputs, held for as long as the graph lives (figures in docs/design/runtime.md).
 
 Design: a graph captured for a callable with static inputs keeps a pristine copy of its CUDA graph
 (``cuGraphClone`` before any hook edited it, ``CapturedGraph.pristine``). When the static inputs move,
@@ -31,12 +30,12 @@ Invariants:
 - a value is edited only where the scan found an address in a moved input's old storage, and becomes
   that address plus the input's move; nothing else of the graph changes;
 - a rebound graph replays on the caller's current stream, like torch's replay, after the stream of the
-  family's last run (Note: [Stream order] in grace.capture: they share intermediates), and is released with
+  family's last run (Note: [Stream order] in grace.streams: they share intermediates), and is released with
   ``CapturedGraph.release``, which resets the origin's torch graph (and so frees the pool) with the last
   graph of the family;
 - the runner compares a rebound graph's first replays with the no-graph callable (grace.verify), as for
   a captured one; graphs sharing outputs count as one graph for Note: [Outputs held within one call] in
-  grace.capture.
+  grace.outputs.
 
 Note: [Layers that hold each other's outputs]
 Sharing outputs pays only where a layer's outputs are dead before the next layer's graph replays
@@ -44,15 +43,9 @@ Sharing outputs pays only where a layer's outputs are dead before the next layer
 (the hidden state of a residual stream) or that the model keeps is still held then: a replay would
 overwrite it, so that call runs without the graph. The runner does not let that last: a slot whose
 graph's output is an input of the call that moved the static inputs captures again instead of
-rebinding (grace.decide.rebind_graph), and a graph of a family that finds outputs another graph of its
+rebinding (``grace.decide.rebind_graph``), and a graph of a family that finds outputs another graph of its
 family wrote still held when it replays (counted, or read by this very call) is replaced by a capture of
-its own; either stops rebinds for that slot. Measured on the H200 in the suites' window
-(DebertaForQuestionAnswering, four layers, results/h200-torch2.11-2026-11-29-l.jsonl): the
-piece with the query/key/value projection keeps four graphs over one set of outputs, 5.6 MiB (22.5 MiB
-captured per layer), and so does the attention's output projection (384 KiB, 1.5 MiB before); the
-feed-forward piece, whose output is the next layer's hidden state, finds it held and gets a capture per
-layer (1.1 MiB); the peak of the calls after the compiling one is 47.5 MiB against pt2cg's 46.3 (66.2
-with a capture per layer).
+its own; either stops rebinds for that slot (what this saves on a model: docs/design/runtime.md).
 """
 
 from __future__ import annotations
@@ -63,18 +56,11 @@ from typing import Any
 
 import torch
 
-from grace.capture import (
-    CapturedGraph,
-    CaptureError,
-    GraphHook,
-    StorageSpan,
-    dense_view,
-    static_pointers,
-    storage_spans,
-)
+from grace.capture import CapturedGraph, CaptureError, GraphHook, StorageSpan, storage_spans
 from grace.compat import cuda as cuda_compat
 from grace.cudagraph import ArgumentEdit, KernelNode, edit_kernel_node_arguments
 from grace.reasons import SkipCode, SkipReason
+from grace.seams import load_seam
 
 REBIND_ALIGNMENT = 256  # bytes: every address a kernel was given keeps its alignment up to this
 
@@ -125,8 +111,9 @@ def edits_for(
 ) -> dict[int, list[ArgumentEdit]] | str:
     """The argument edits that make a graph read each moved static input at its new address (node ->
     edits), or why it cannot: a use the scan cannot account for is never left unedited."""
-    from grace.pi import scan as scan_mod
-
+    scan_mod, unavailable = load_seam("pi.scan")
+    if scan_mod is None:
+        return str(unavailable)
     ranges = [scan_mod.InputRange(i, old[i].data_ptr, old[i].start, old[i].end) for i in sorted(moved)]
     parameterless = [k.node for k in nodes if not k.params and k.extra is None]
     found = scan_mod.scan(nodes, copy_nodes, other_node_types, ranges, parameterless)
@@ -151,8 +138,7 @@ class RawGraph:
     """An executable graph grace instantiated itself, launched like ``torch.cuda.CUDAGraph.replay``."""
 
     def __init__(self, graph: int, graph_exec: int, device: torch.device) -> None:
-        from grace.pi import driver
-
+        driver = _pi_part("driver")
         self._graph = graph
         self._exec = graph_exec
         self._device = device
@@ -168,11 +154,19 @@ class RawGraph:
         return self._exec
 
     def reset(self) -> None:
-        from grace.pi import driver
-
+        driver = _pi_part("driver")
         graph, graph_exec, self._graph, self._exec = self._graph, self._exec, 0, 0
         if graph:
             driver.graph_destroy(graph, graph_exec)
+
+
+def _pi_part(name: str) -> Any:
+    """``grace.pi.<name>``, whose driver layer and graph scan rebinding shares, reached through the seam
+    (grace.seams); ``CaptureError`` (``rebind_declined``) when it cannot be used."""
+    module, unavailable = load_seam(f"pi.{name}")
+    if module is None:
+        raise _declined(str(unavailable))
+    return module
 
 
 def _declined(why: str) -> CaptureError:
@@ -192,9 +186,8 @@ def rebind(
     ``origin.capture_spans``: a graph captured on the caller's inputs has no placeholders). Raises
     ``CaptureError`` (code ``rebind_declined``) when the graph cannot follow the move.
     """
-    from grace.pi import driver
-    from grace.pi.plan import graph_nodes_for_scan
-
+    driver = _pi_part("driver")
+    graph_nodes_for_scan = _pi_part("plan").graph_nodes_for_scan
     if origin.origin is not None:
         raise ValueError("rebind from the graph that was captured, not from a rebound one")
     if random_ops:
@@ -226,31 +219,4 @@ def rebind(
     except Exception as exc:
         cuda_compat.graph_destroy(clone)
         raise _declined(f"{type(exc).__name__}: {exc}") from exc
-    origin.sharers += 1
-    # A graph captured on the caller's inputs reads them at their capture addresses only through PI's
-    # table: like its origin, it gets placeholders of its own when a call needs a copy.
-    borrowed = bool(origin._layouts)
-    placeholders = {} if borrowed else dict(origin.placeholders)
-    return CapturedGraph(
-        graph=RawGraph(clone, graph_exec, origin.device),
-        device=origin.device,
-        placeholders=placeholders,
-        copy_indices=origin.copy_indices,
-        mutated_indices=origin.mutated_indices,
-        outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads] in grace.capture)
-        output_container=origin.output_container,
-        aliases=origin.aliases,
-        pool_positions=origin.pool_positions,
-        static_indices=origin.static_indices,
-        static_ptrs=static_pointers(args, origin.static_indices),
-        summary=origin.summary,
-        copy_bytes=origin.copy_bytes,
-        _dense_placeholders={i: dense_view(p) for i, p in placeholders.items()},
-        borrowed=borrowed,
-        _layouts=dict(origin._layouts),
-        output_refs=[],
-        output_bytes=0,  # the origin's outputs: counted once, with the origin
-        static_spans=storage_spans(args, origin.static_indices),
-        capture_spans=dict(origin.capture_spans),
-        origin=origin,
-    )
+    return CapturedGraph.rebound_from(origin, RawGraph(clone, graph_exec, origin.device), args)

@@ -45,7 +45,7 @@ class CallStart:
     ) -> None:
         self._args = args
         self._mutated = frozenset(mutated)
-        self._versions = _versions(args)
+        self._versions = input_versions(args)
         self._inputs = kept_inputs(args, list(mutated), host_bytes)
         # Raises where the generators' state cannot be read: the caller declines the graph then.
         self._generators = generators_compat.save_generators(device) if random else None
@@ -66,7 +66,7 @@ class CallStart:
         """Inputs whose version counters moved since the call started although they are not among the
         inputs the callable writes: a write the analysis did not see (inference tensors have no counter,
         so only the analysis can see their writes)."""
-        now = _versions(self._args)
+        now = input_versions(self._args)
         return [
             i
             for i, (before, after) in enumerate(zip(self._versions, now, strict=True))
@@ -84,7 +84,8 @@ class CallStart:
             generators_compat.restore_generators(self._after_first)
 
 
-def _versions(args: Sequence[Any]) -> list[int | None]:
+def input_versions(args: Sequence[Any]) -> list[int | None]:
+    """Each input's version counter (None for a non-tensor or an inference tensor)."""
     out: list[int | None] = []
     for value in args:
         version = None

@@ -1,8 +1,8 @@
 """Selective CUDA graphs: time the variants of a graph slot, keep the fastest correct one, remember it.
 
 Problem: a CUDA graph removes launch overhead but PyTorch2-CG copies every dynamic input before each
-replay; for large inputs and few kernels the copy costs more than the launches it saves (DESIGN 4: 64x1M
-input, 0.107 ms without a graph, 0.271 ms with one). The paper decides from one timed sample per
+replay; for large inputs and few kernels the copy costs more than the launches it saves (figures in
+docs/design/runtime.md). The paper decides from one timed sample per
 variant, keeps nothing across runs and ignores shapes.
 
 Design: ``time_variants`` runs every candidate on the caller's real inputs, interleaved in a seeded
@@ -51,7 +51,13 @@ class Variant(str, enum.Enum):
 
     @property
     def uses_graph(self) -> bool:
-        return self in (Variant.GRAPH_COPIES, Variant.GRAPH_PI)
+        return uses_graph(self)
+
+
+def uses_graph(variant: Any) -> bool:
+    """Whether ``variant`` replays a graph: every variant but ``pending`` and ``no_graph`` (the graph
+    variants are grace.variants' specs, registered by their ``Variant``)."""
+    return getattr(variant, "value", variant) not in (Variant.PENDING.value, Variant.NO_GRAPH.value)
 
 
 class DecisionSource(str, enum.Enum):
@@ -159,11 +165,12 @@ def medians(samples: Mapping[Variant, Sequence[float]]) -> dict[Variant, float]:
 
 
 def choose(medians_ms: Mapping[Variant, float]) -> Variant:
-    """The variant with the smallest median; ties go to the earlier variant in ``Variant`` order."""
+    """The variant with the smallest median; ties go to the earlier variant in ``Variant`` order (a
+    variant of another enum, registered in grace.variants, after those)."""
     if not medians_ms:
         raise ValueError("choose() needs at least one timed variant")
     rank = {v: i for i, v in enumerate(Variant)}
-    return min(medians_ms, key=lambda v: (medians_ms[v], rank[v]))
+    return min(medians_ms, key=lambda v: (medians_ms[v], rank.get(v, len(rank))))
 
 
 # --- numeric check -----------------------------------------------------------------------------
@@ -179,8 +186,7 @@ _TOLERANCES: dict[str, tuple[float, float]] = {
 
 
 COMPARE_CHUNK = 1 << 16  # elements per comparison step: bounds the temporaries a check allocates
-# (about five chunk-sized tensors at once, a little over 1 MiB for float32: small next to the outputs
-# compared; with 1 << 18 they were 5 MiB, on the H200, above pt2cg's whole peak margin on a 4 MiB output)
+# (about five chunk-sized tensors at once: small next to the outputs compared)
 
 
 def _chunk_pairs(reference: Any, candidate: Any) -> Iterator[tuple[Any, Any]]:

@@ -7,9 +7,9 @@ the medians behind that choice, and why a graph was declined.
 Design: one ``GraphStats`` record per (compiled callable, input signature), created by the runner and
 kept in a process-wide registry. The runner updates plain counters on its hot path (an integer add);
 ``snapshot()`` derives the per-call figures and returns JSON-ready dicts with documented keys;
-``reset()`` empties the registry. ``fallback_counts()`` counts skip reasons by code over the process.
-
-``reset()`` zeroes counters so a suite can measure one phase.
+``fallback_counts()`` counts skip reasons by code. ``reset()`` (called by ``grace.reset``) zeroes the call
+counters of live slots, forgets released slots and the fallback counts, so a suite can measure one
+phase; ``forget_all()`` drops every record (tests start from an empty registry).
 
 Invariant: a snapshot is a copy: callers may keep or change it without touching the live records.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grace.reasons import SkipReason
-from grace.scg import Decision, Variant
+from grace.scg import Decision, Variant, uses_graph
 
 
 @dataclass
@@ -61,7 +61,7 @@ class GraphStats:
 
     def kernel_launches_per_call(self) -> int | None:
         """Launches (kernels, memsets, memcpys) outside any graph in one steady-state call."""
-        if self.variant in (Variant.NO_GRAPH, Variant.PENDING):
+        if not uses_graph(self.variant):
             return self.launch_nodes
         return self.copy_launches_per_replay
 
@@ -83,9 +83,9 @@ class GraphStats:
             "calls": self.calls,
             "graph_launches": self.graph_calls,
             "graph_launches_per_call": self.graph_launches_per_call(),
-            "steady_graph_launches_per_call": 1 if self.variant.uses_graph else 0,
+            "steady_graph_launches_per_call": 1 if uses_graph(self.variant) else 0,
             "kernel_launches_per_call": self.kernel_launches_per_call(),
-            "copy_bytes_per_replay": self.copy_bytes_per_replay if self.variant.uses_graph else 0,
+            "copy_bytes_per_replay": self.copy_bytes_per_replay if uses_graph(self.variant) else 0,
             "pi_bytes_per_replay": self.pi_bytes_per_replay,
             "pi_stages": [list(s) for s in self.pi_stages],
             "copy_fallback_calls": self.copy_fallback_calls,
@@ -106,8 +106,11 @@ _fallbacks: Counter[str] = Counter()
 _next_id = 0
 
 
-def new_record(callable_id: int, graph_hash: str, signature: str, device: str) -> GraphStats:
-    """Create and register the record of a new graph slot."""
+def new_record(
+    callable_id: int, graph_hash: str, signature: str, device: str, variant: Variant = Variant.PENDING
+) -> GraphStats:
+    """Create and register the record of a new graph slot (``variant``: ``no_graph`` for a callable that
+    gets no slots; a slot writes its own from then on)."""
     global _next_id
     with _lock:
         _next_id += 1
@@ -117,6 +120,7 @@ def new_record(callable_id: int, graph_hash: str, signature: str, device: str) -
             graph_hash=graph_hash,
             signature=signature,
             device=device,
+            variant=variant,
         )
         _records[record.graph_id] = record
     return record
@@ -177,7 +181,7 @@ def reset() -> None:
 
 
 def forget_all() -> None:
-    """Drop every record (``grace.reset`` after releasing all graphs)."""
+    """Drop every record and the fallback counts (``grace.reset`` calls ``reset`` instead)."""
     with _lock:
         _records.clear()
         _fallbacks.clear()

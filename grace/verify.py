@@ -11,7 +11,7 @@ no-graph callable on the same inputs, then asks the PI plan (when the variant ha
 device-side updates succeeded. A callable without side effects runs the no-graph callable first, with its
 output moved to host memory when large (grace.hostref), then the graph, whose outputs are compared in
 place: no second device copy of the outputs is ever alive beside the graph's own (Note: [Deciding-call
-memory] in grace.decide). A mutating callable runs the graph first, keeps a copy of what it produced
+memory], docs/design/runtime.md). A mutating callable runs the graph first, keeps a copy of what it produced
 (outputs and mutated inputs, in host memory when large), restores the mutated inputs and runs the no-graph
 callable. Each no-graph run starts and ends without a cuBLAS workspace (Note: [cuBLAS workspaces] in
 grace.capture).

@@ -43,7 +43,7 @@ def _run(tmp_path: Path, calls: int = 5) -> None:
 def test_a_failing_deciding_call_gives_eagers_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import grace.decide
 
-    def broken(slot: Any, args: Any) -> Any:
+    def broken(facts: Any, args: Any) -> Any:
         raise RuntimeError("injected failure in the deciding call")
 
     monkeypatch.setattr(grace.decide, "decide", broken)

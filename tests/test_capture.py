@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import CountingReplay
 
 from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
 from grace.pi_contract import PlanDefaults
@@ -76,14 +78,6 @@ def test_borrowing_needs_one_storage_per_input_and_cuda_tensors() -> None:
     assert borrow_blocker([torch.zeros(2), torch.zeros(2)], (0, 1), ()) == "input 0 is not a CUDA tensor"
 
 
-class _FakeReplay:
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-
-
 class _CopyingPlan(PlanDefaults):
     """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies input 1 (an alignment
     fallback): ``update`` says so through ``uncovered_indices``."""
@@ -104,21 +98,15 @@ class _CopyingPlan(PlanDefaults):
 
 
 def _borrowed_graph(plan: Any, capture_args: list[torch.Tensor]) -> CapturedGraph:
-    return CapturedGraph(
-        graph=_FakeReplay(),
-        device=torch.device("cpu"),
-        placeholders={},
-        copy_indices=(0, 1),
-        mutated_indices=(),
+    return fakes.captured_graph(
+        CountingReplay(),
+        placeholders=dict(enumerate(capture_args)),
         outputs=[torch.zeros(3)],
         output_container="single",
-        aliases=(),
-        static_indices=(),
         static_ptrs=[None, None],
-        summary=None,
         pi_plan=plan,
         borrowed=True,
-        _layouts={i: (t.size(), tuple(t.stride()), t.dtype) for i, t in enumerate(capture_args)},
+        count_outputs=False,
     )
 
 
@@ -141,15 +129,9 @@ def test_a_borrowed_graph_gets_its_own_placeholders_when_a_call_needs_a_copy() -
 
 
 def _graph_with_outputs(outputs: list[Any], aliases: tuple[Any, ...] = ()) -> CapturedGraph:
-    from grace.capture import output_refs, pool_output_bytes
-
-    cpu = torch.device("cpu")
-    return CapturedGraph(
-        graph=None, device=cpu, placeholders={}, copy_indices=(), mutated_indices=(), outputs=outputs,
-        output_container="tuple", aliases=aliases, static_indices=(), static_ptrs=[],
-        summary=None, output_refs=output_refs(outputs, aliases, cpu),
-        output_bytes=pool_output_bytes(outputs, aliases, cpu),
-    )  # fmt: skip
+    return fakes.captured_graph(
+        None, placeholders={}, outputs=outputs, output_container="tuple", aliases=aliases
+    )
 
 
 def test_outputs_sharing_a_storage_are_one_held_storage_and_counted_once() -> None:

@@ -14,18 +14,20 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
 
 import grace.capture
 import grace.decide
 import grace.runner
+import grace.slot
+import grace.streams
 from grace import pools, stats
-from grace.capture import CapturedGraph, output_refs, pool_output_bytes
+from grace.capture import CapturedGraph
 from grace.options import GraceOptions
 from grace.pi_contract import PlanDefaults
 from grace.runner import GraceRunner, RunnerPlan
-from grace.scg import Variant
 
 CPU = torch.device("cpu")
 
@@ -54,13 +56,12 @@ def _graph(x: torch.Tensor, name: str, log: list[str], delay: float = 0.0) -> Ca
     placeholder = torch.zeros_like(x)
     static_out = torch.zeros_like(x)
     outputs: list[Any] = [static_out]
-    return CapturedGraph(
-        graph=_StandIn(name, static_out, placeholder, log, delay), device=CPU,
-        placeholders={1: placeholder}, copy_indices=(1,), mutated_indices=(), outputs=outputs,
-        output_container="list", aliases=(), static_indices=(), static_ptrs=[None, None, None],
-        summary=None, _dense_placeholders={1: placeholder},
-        output_refs=output_refs(outputs, (), CPU), output_bytes=pool_output_bytes(outputs, (), CPU),
-    )  # fmt: skip
+    return fakes.captured_graph(
+        _StandIn(name, static_out, placeholder, log, delay),
+        placeholders={1: placeholder},
+        outputs=outputs,
+        static_ptrs=[None, None, None],
+    )
 
 
 @pytest.fixture
@@ -68,23 +69,19 @@ def make_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple
     """``make_runner(delay=..., **options)``: a runner whose deciding call captures a ``_graph`` per
     signature; every call is a new compiled call (Dynamo's generation count)."""
     generations = itertools.count(1)
-    monkeypatch.setattr(grace.runner, "run_on_side_stream", lambda fn, args, device: fn(*args))
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(generations))
+    fakes.cpu_warmup(monkeypatch)
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: next(generations))
     stats.forget_all()
 
     def make(delay: float = 0.0, **options: Any) -> tuple[GraceRunner, list[str]]:
         log: list[str] = []
 
-        def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
+        def capture(facts: Any, args: Sequence[Any]) -> CapturedGraph:
             name = f"g{sum(1 for e in log if e.startswith('capture'))}"
             log.append(f"capture {name}")
-            slot.graph = _graph(args[1], name, log, delay)
-            slot.note_graphs()
-            slot.record.variant = Variant.GRAPH_COPIES
-            slot.run = slot._run_copies
-            return slot.run(args)
+            return _graph(args[1], name, log, delay)
 
-        monkeypatch.setattr(grace.decide, "decide", capturing_decide)
+        fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
         plan = RunnerPlan("h", device=CPU, static_indices=(), dynamic_indices=(1,), scalar_indices=(2,))
         return GraceRunner(lambda w, x, n: [x * 2], plan, GraceOptions(**options), None), log
 
@@ -238,8 +235,8 @@ def test_a_run_on_another_stream_waits_for_the_previous_runs_stream_first(
     """Note: [Stream order]: a lone graph (no family) too; the wait comes before the input copy."""
     log: list[str] = []
     streams = {"now": _Stream("a", log)}
-    monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"], raising=False)
-    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]), raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream", lambda device: streams["now"], raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream_key", lambda device: id(streams["now"]), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
     real_copy = grace.capture.torch_compat.foreach_copy
 
@@ -279,8 +276,8 @@ class _Plan(PlanDefaults):
 def test_a_pi_run_on_another_stream_waits_before_its_table_update(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
     streams = {"now": _Stream("a", log)}
-    monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"], raising=False)
-    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]), raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream", lambda device: streams["now"], raising=False)
+    monkeypatch.setattr(grace.streams, "current_stream_key", lambda device: id(streams["now"]), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
     x = torch.ones(2, 3)
     graph = _graph(x, "g", log)
@@ -348,29 +345,25 @@ def test_reset_releases_every_graph_and_a_held_pool_once_its_outputs_are_dropped
 def test_a_graph_serving_a_second_thread_counts_the_tensors_it_handed_out_before() -> None:
     """Note: [Outputs and threads]: two outputs view one buffer; the graph handed out its own tensors
     (uncountable) before a second thread came; from then on whoever holds them counts as a holder."""
-    from grace.capture import HELD, HELD_NONE
+    from grace.capture import HeldState
 
     base = torch.zeros(4, 4)
     outputs: list[Any] = [base[:2], base[0]]
     del base  # alive through the views, as an Inductor buffer whose views are the outputs
-    graph = CapturedGraph(
-        graph=None, device=CPU, placeholders={}, copy_indices=(), mutated_indices=(), outputs=outputs,
-        output_container="tuple", aliases=(), static_indices=(), static_ptrs=[], summary=None,
-        output_refs=output_refs(outputs, (), CPU), output_bytes=pool_output_bytes(outputs, (), CPU),
-    )  # fmt: skip
+    graph = fakes.captured_graph(None, placeholders={}, outputs=outputs, output_container="tuple")
     del outputs
     graph.note_replay(1)  # this thread's call got the graph's own tensors
     handed = graph.outputs[0]
-    assert _in_thread(lambda: graph.held_outputs(2)) == HELD  # another thread: ``handed`` is held
+    assert _in_thread(lambda: graph.held_outputs(2)) == HeldState.HELD  # another thread: ``handed`` is held
     assert graph.threads_shared and graph.outputs[0] is not handed
     assert graph.outputs[0].data_ptr() == handed.data_ptr()
     del handed
-    assert _in_thread(lambda: graph.held_outputs(3)) == HELD_NONE
+    assert _in_thread(lambda: graph.held_outputs(3)) == HeldState.NONE
     out = graph.collect_outputs([], clone=False)  # aliases from now on
     assert out[0] is not graph.outputs[0]
-    assert graph.held_outputs(4) == HELD  # by anyone, this thread too
+    assert graph.held_outputs(4) == HeldState.HELD  # by anyone, this thread too
     del out
-    assert graph.held_outputs(4) == HELD_NONE
+    assert graph.held_outputs(4) == HeldState.NONE
 
 
 def test_a_threads_first_call_makes_the_primary_context_current_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,12 +11,15 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import ReplaysCallable
 
 import grace.decide
+import grace.variants
 from grace import stats
-from grace.capture import CapturedGraph, dense_view, placeholders_for
+from grace.capture import CapturedGraph, placeholders_for
 from grace.options import GraceOptions
 from grace.pi_contract import PlanDefaults
 from grace.runner import GraceRunner, GraphSlot, RunnerPlan
@@ -60,28 +63,10 @@ class FakePlan(PlanDefaults):
         return True
 
 
-class FakeCudaGraph:
-    """Replays ``fn`` on the placeholders (or, with a plan, on what its table points at) into the
-    captured outputs."""
-
-    def __init__(self, fn: Any, args: Sequence[Any]) -> None:
-        self.fn = fn
-        self.args = list(args)
-        self.owner: CapturedGraph | None = None
-        self.replays = 0
-
-    def replay(self) -> None:
-        owner = self.owner
-        assert owner is not None
-        plan = owner.pi_plan
-        table = plan.table if isinstance(plan, FakePlan) else owner.placeholders
-        inputs = [table.get(i, a) for i, a in enumerate(self.args)]
-        for static, value in zip(owner.outputs, self.fn(*inputs), strict=True):
-            static.copy_(value)
-        self.replays += 1
-
-    def reset(self) -> None:
-        pass
+def _reads(owner: CapturedGraph) -> Mapping[int, torch.Tensor] | None:
+    """What a graph with a ``FakePlan`` reads: the plan's table (else its placeholders)."""
+    plan = owner.pi_plan
+    return plan.table if isinstance(plan, FakePlan) else None
 
 
 class Setup:
@@ -97,7 +82,7 @@ class Setup:
         self.compiled_outputs: list[weakref.ref[torch.Tensor]] = []
         self.stuck = stuck
         self.uncovered_when_borrowed = uncovered_when_borrowed
-        monkeypatch.setattr(grace.decide, "capture_graph", self.capture)
+        monkeypatch.setattr(grace.variants, "capture_graph", self.capture)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
 
     def compiled(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
@@ -135,26 +120,18 @@ class Setup:
         self.borrowed.append(borrow_inputs)
         for hook in hooks:
             hook(0x1000 + len(self.captured), held)
-        graph = FakeCudaGraph(self.compiled, args)
+        graph = ReplaysCallable(self.compiled, args, _reads)
         outputs = [torch.empty_like(o) for o in self.compiled(*args)]
-        captured = CapturedGraph(
-            graph=graph,
-            device=device,
+        captured = fakes.captured_graph(
+            graph,
             placeholders=held,
-            copy_indices=tuple(sorted(held)),
-            mutated_indices=(),
-            outputs=outputs,  # type: ignore[arg-type]
+            outputs=outputs,
             output_container="tuple",
-            aliases=(),
             static_indices=tuple(static_indices),
             static_ptrs=[None] * len(args),
-            summary=None,
-            _dense_placeholders={} if borrow_inputs else {i: dense_view(p) for i, p in held.items()},
             borrowed=borrow_inputs,
-            _layouts={i: (p.size(), tuple(p.stride()), p.dtype) for i, p in held.items()},
+            count_outputs=False,
         )
-        if borrow_inputs:
-            captured.placeholders = {}
         graph.owner = captured
         return captured
 
@@ -186,10 +163,10 @@ def each_run_is_a_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
     generation each time, so Note: [Outputs held within one call] never applies."""
     import itertools
 
-    import grace.runner
+    import grace.slot
 
     counter = itertools.count(1)
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(counter))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: next(counter))
 
 
 def _inputs() -> list[torch.Tensor]:
@@ -201,7 +178,7 @@ def test_pi_graph_is_captured_against_the_copies_graph_placeholders(monkeypatch:
     setup = Setup(monkeypatch)
     slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     copies, pi = setup.captured
     assert set(copies) == set(pi) == {0, 1}
@@ -214,7 +191,7 @@ def test_pi_new_address_check_runs_on_the_placeholders_not_on_clones(monkeypatch
     setup = Setup(monkeypatch)
     slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
-    grace.decide.decide(slot, args)
+    slot.decide(args)
     (plan,) = setup.plans
     on_args = {i: a.data_ptr() for i, a in enumerate(args)}
     on_placeholders = {i: p.data_ptr() for i, p in setup.captured[0].items()}
@@ -229,7 +206,7 @@ def test_a_pi_graph_reading_its_placeholders_fails_although_they_hold_the_inputs
     setup = Setup(monkeypatch, stuck=True)
     slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     assert slot.decision is not None
     assert "max abs difference" in slot.decision.numeric_checks["graph_pi"]
@@ -252,7 +229,7 @@ def test_no_reference_output_is_alive_while_the_variants_are_timed(monkeypatch: 
     monkeypatch.setattr(grace.decide, "time_variants", time_variants)
     slot = setup.slot()
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     assert alive_when_timed == [False]
     assert slot.decision is not None and slot.decision.source == DecisionSource.PROFILED
     assert slot.record.variant == Variant.NO_GRAPH
@@ -268,7 +245,7 @@ def test_without_a_passing_graph_the_reference_itself_is_returned(monkeypatch: p
     monkeypatch.setattr(CapturedGraph, "run_with_copies", lambda self, a, c: broken_copies(a, c))
     slot = setup.slot(pi_direct=False)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     assert slot.decision is not None and slot.decision.source == DecisionSource.ONLY_CANDIDATE
     reference = setup.compiled_outputs[0]()  # no side effects: the reference runs before the captures
     assert reference is out
@@ -282,7 +259,7 @@ def test_direct_pi_is_one_capture_on_the_inputs_without_placeholders(monkeypatch
     setup = Setup(monkeypatch)
     slot = setup.slot(scg=False, pi_direct=True)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     assert setup.borrowed == [True]  # no graph with copies was captured
     (held,) = setup.captured
@@ -307,7 +284,7 @@ def test_direct_pi_with_an_input_that_keeps_a_copy_captures_the_two_usual_graphs
     setup = Setup(monkeypatch, uncovered_when_borrowed=(1,))
     slot = setup.slot(scg=False, pi_direct=True)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     assert setup.borrowed == [True, False, False]
     assert setup.plans[0].released  # the declined plan let go of its table
@@ -331,7 +308,7 @@ def test_a_direct_pi_graph_that_fails_its_check_leaves_the_graph_with_copies(
         return True
 
     monkeypatch.setattr(FakePlan, "update", broken)
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     assert setup.borrowed == [True, False]
     assert slot.decision is not None
@@ -348,7 +325,7 @@ def test_a_stuck_direct_graph_is_caught_by_the_first_call_at_other_addresses(
     setup = Setup(monkeypatch, stuck=True)
     slot = setup.slot(scg=False, pi_direct=True)
     args = _inputs()
-    grace.decide.decide(slot, args)
+    slot.decide(args)
     assert slot.record.variant == Variant.GRAPH_PI
     slot.run(args)  # the second verified replay, same addresses
     elsewhere = [a + 1 for a in args]
@@ -384,11 +361,11 @@ def test_large_outputs_are_timed_without_a_graph_before_any_capture(monkeypatch:
             run()
         return {v: [2.0 if v == Variant.NO_GRAPH else 1.0] * 3 for v in runs}
 
-    monkeypatch.setattr(grace.decide, "capture_graph", logged_capture)
+    monkeypatch.setattr(grace.variants, "capture_graph", logged_capture)
     monkeypatch.setattr(grace.decide, "time_variants", time_variants)
     slot = setup.slot(pi_direct=True)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     assert events == [(Variant.NO_GRAPH,), "capture", (Variant.GRAPH_PI,)]
     assert slot.decision is not None and slot.decision.source == DecisionSource.PROFILED
@@ -403,18 +380,18 @@ def test_a_returned_replay_that_differs_from_the_host_reference_drops_the_graph(
 ) -> None:
     setup = Setup(monkeypatch)
     _offload_everything(monkeypatch)
-    replay = FakeCudaGraph.replay
+    replay = ReplaysCallable.replay
 
-    def wrong_from_the_second_replay(self: FakeCudaGraph) -> None:
+    def wrong_from_the_second_replay(self: ReplaysCallable) -> None:
         replay(self)
         if self.replays > 1:
             assert self.owner is not None
             self.owner.outputs[0].add_(1.0)
 
-    monkeypatch.setattr(FakeCudaGraph, "replay", wrong_from_the_second_replay)
+    monkeypatch.setattr(ReplaysCallable, "replay", wrong_from_the_second_replay)
     slot = setup.slot(scg=False, pi_direct=True)
     args = _inputs()
-    (out,) = grace.decide.decide(slot, args)
+    (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
     assert slot.decision is not None and slot.decision.numeric_checks["graph_pi"] == "pass"
     assert slot.record.variant == Variant.NO_GRAPH and slot.graph is None
@@ -434,6 +411,6 @@ def test_small_outputs_keep_the_interleaved_timing_and_the_verified_replays(
 
     monkeypatch.setattr(grace.decide, "time_variants", time_variants)
     slot = setup.slot(pi_direct=True)
-    grace.decide.decide(slot, _inputs())
+    slot.decide(_inputs())
     assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI)]
     assert slot.verify_calls == 1  # the returned replay was the first of two verified ones

@@ -8,16 +8,21 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import LoggedGraph
 
 import grace.capture
 import grace.decide
 import grace.runner
+import grace.slot
+import grace.streams
 from grace import stats
 from grace.analysis import random_ops
-from grace.capture import CapturedGraph, CaptureError, StorageSpan, output_refs, pool_output_bytes
+from grace.capture import CapturedGraph, CaptureError, StorageSpan
 from grace.cudagraph import KernelNode, KernelParam
+from grace.decide import Rebound
 from grace.options import GraceOptions
 from grace.pi.scan import CopyNode
 from grace.rebind import REBIND_ALIGNMENT, edits_for, moves
@@ -120,34 +125,22 @@ def test_edits_decline_copies_and_nodes_that_may_hide_uses() -> None:
 # --- a family of graphs: one pool, one set of outputs ------------------------------------------------
 
 
-class _Graph:
-    def __init__(self, name: str, log: list[str]) -> None:
-        self.name, self.log = name, log
-
-    def replay(self) -> None:
-        self.log.append(f"replay {self.name}")
-
-    def reset(self) -> None:
-        self.log.append(f"reset {self.name}")
-
-
 def _captured(log: list[str], outputs: list[Any]) -> CapturedGraph:
-    cpu = torch.device("cpu")
-    return CapturedGraph(
-        graph=_Graph("origin", log), device=cpu, placeholders={}, copy_indices=(), mutated_indices=(),
-        outputs=outputs, output_container="single", aliases=(), static_indices=(), static_ptrs=[],
-        summary=None, output_refs=output_refs(outputs, (), cpu),
-        output_bytes=pool_output_bytes(outputs, (), cpu),
-    )  # fmt: skip
+    return fakes.captured_graph(
+        LoggedGraph("origin", log), placeholders={}, outputs=outputs, output_container="single"
+    )
 
 
 def _rebound(origin: CapturedGraph, log: list[str], name: str) -> CapturedGraph:
     origin.sharers += 1
-    return CapturedGraph(
-        graph=_Graph(name, log), device=origin.device, placeholders={}, copy_indices=(), mutated_indices=(),
-        outputs=list(origin.outputs), output_container="single", aliases=(), static_indices=(),
-        static_ptrs=[], summary=None, origin=origin,
-    )  # fmt: skip
+    return fakes.captured_graph(
+        LoggedGraph(name, log),
+        placeholders={},
+        outputs=list(origin.outputs),
+        output_container="single",
+        device=origin.device,
+        origin=origin,
+    )
 
 
 @pytest.mark.parametrize("origin_first", [True, False])
@@ -177,8 +170,8 @@ def test_replays_of_a_family_on_another_stream_wait_for_the_last_one(monkeypatch
             log.append(f"{self.name} waits for {other.name}")
 
     streams = {"now": _Stream("s1")}
-    monkeypatch.setattr(grace.capture, "current_stream", lambda device: streams["now"])
-    monkeypatch.setattr(grace.capture, "current_stream_key", lambda device: id(streams["now"]))
+    monkeypatch.setattr(grace.streams, "current_stream", lambda device: streams["now"])
+    monkeypatch.setattr(grace.streams, "current_stream_key", lambda device: id(streams["now"]))
     origin = _captured(log, [torch.zeros(4)])
     other = _rebound(origin, log, "a")
     for graph in (origin, other):  # the same stream: in order already
@@ -236,38 +229,33 @@ def layered_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Layered]:
     def graph_for(args: Sequence[Any], name: str, origin: CapturedGraph | None) -> CapturedGraph:
         static_out = origin.outputs[0] if origin is not None else torch.zeros(2, 3)
         outputs: list[Any] = [static_out]
-        return CapturedGraph(
-            graph=_Computes(name, args[0], static_out, placeholder), device=torch.device("cpu"),
-            placeholders={1: placeholder}, copy_indices=(1,), mutated_indices=(), outputs=outputs,
-            output_container="list", aliases=(), static_indices=(0,),
-            static_ptrs=[args[0].data_ptr(), None, None], summary=None, _dense_placeholders={1: placeholder},
-            output_refs=[] if origin else output_refs(outputs, (), torch.device("cpu")),
-            output_bytes=0 if origin else static_out.nbytes, origin=origin,
-        )  # fmt: skip
+        return fakes.captured_graph(
+            _Computes(name, args[0], static_out, placeholder),
+            placeholders={1: placeholder},
+            outputs=outputs,
+            static_indices=(0,),
+            static_ptrs=[args[0].data_ptr(), None, None],
+            origin=origin,
+        )
 
-    def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
+    def capture(facts: Any, args: Sequence[Any]) -> CapturedGraph:
         log.append("capture")
-        slot.graph = graph_for(args, f"c{len(log)}", None)
-        slot.note_graphs()
-        slot.record.variant = Variant.GRAPH_COPIES
-        slot.run = slot._run_copies
-        return slot.run(args)
+        return graph_for(args, f"c{len(log)}", None)
 
-    def rebind_graph(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> CapturedGraph | None:
+    def rebind_graph(facts: Any, graph: CapturedGraph, variant: Variant, args: Sequence[Any]) -> Rebound:
         if not allow[0]:
-            return None
-        assert slot.graph is not None
-        origin = slot.graph.origin or slot.graph
+            return Rebound(None)
+        origin = graph.origin or graph
         origin.sharers += 1
         log.append("rebind")
-        return graph_for(args, f"r{len(log)}", origin)
+        return Rebound(graph_for(args, f"r{len(log)}", origin))
 
-    monkeypatch.setattr(grace.decide, "decide", capturing_decide)
-    monkeypatch.setattr(grace.decide, "rebind_graph", rebind_graph)
-    monkeypatch.setattr(grace.runner, "run_on_side_stream", lambda fn, args, device: fn(*args))
+    fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
+    fakes.use_rebind(monkeypatch, rebind_graph)
+    fakes.cpu_warmup(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the one stream")
     monkeypatch.setattr(
-        grace.runner.torch_compat,
+        grace.slot.torch_compat,
         "compiled_call_generation",
         lambda: len(log) if generation[0] is None else generation[0],
     )

@@ -14,16 +14,18 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
 
 import grace.backend
 import grace.decide
 import grace.runner
+import grace.slot
+import grace.variants
 from grace import stats
 from grace.analysis import InputAnalysis
 from grace.backend import GraceBackend
-from grace.capture import CapturedGraph, dense_view, placeholders_for
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.scg import Variant
@@ -37,68 +39,6 @@ def _scale_(x: torch.Tensor, factor: float) -> None:
 @_scale_.register_fake
 def _scale_fake(x: torch.Tensor, factor: float) -> None:
     return None
-
-
-class FakeGraph:
-    """Replays ``fn`` on what the captured graph reads, into its static outputs."""
-
-    def __init__(self, fn: Callable[..., Any], args: Sequence[Any]) -> None:
-        self.fn = fn
-        self.args = list(args)
-        self.owner: CapturedGraph | None = None
-
-    def replay(self) -> None:
-        owner = self.owner
-        assert owner is not None
-        inputs = [owner.placeholders.get(i, a) for i, a in enumerate(self.args)]
-        result = self.fn(*inputs)
-        outs = list(result) if isinstance(result, (list, tuple)) else [result]
-        for static, value in zip(owner.outputs, outs, strict=True):
-            static.copy_(value)
-
-
-def fake_capture(
-    fn: Any,
-    args: Sequence[Any],
-    *,
-    device: torch.device,
-    dynamic_indices: Sequence[int],
-    static_indices: Sequence[int],
-    mutated_indices: Sequence[int],
-    hooks: Sequence[Any] = (),
-    placeholders: Mapping[int, torch.Tensor] | None = None,
-    borrow_inputs: bool = False,
-    keep_pristine: bool = False,
-) -> CapturedGraph:
-    """A capture runs nothing (kernels are recorded, not executed): the outputs' layouts come from a run
-    on clones of the inputs, with the generators as they were."""
-    held = placeholders_for(args, dynamic_indices, placeholders)
-    state = torch.get_rng_state()
-    clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    result = fn(*clones)
-    torch.set_rng_state(state)
-    outs = list(result) if isinstance(result, (list, tuple)) else [result]
-    graph = FakeGraph(fn, args)
-    captured = CapturedGraph(
-        graph=graph,
-        device=device,
-        placeholders=held,
-        copy_indices=tuple(sorted(held)),
-        mutated_indices=tuple(i for i in mutated_indices if i in held),
-        outputs=[torch.empty_like(o) for o in outs],
-        output_container="tuple"
-        if isinstance(result, tuple)
-        else "list"
-        if isinstance(result, list)
-        else "single",
-        aliases=(),
-        static_indices=tuple(static_indices),
-        static_ptrs=[a.data_ptr() if i in static_indices else None for i, a in enumerate(args)],
-        summary=None,
-        _dense_placeholders={i: dense_view(p) for i, p in held.items()},
-    )
-    graph.owner = captured
-    return captured
 
 
 def fake_timing(
@@ -128,12 +68,12 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(torch_compat, "cuda_available", lambda: True)
     monkeypatch.setattr(torch_compat, "compile_with_inductor", lambda gm, inputs, record, **_: gm.forward)
     monkeypatch.setattr(grace.backend, "_environment", lambda device: None)
-    monkeypatch.setattr(grace.decide, "capture_graph", fake_capture)
+    monkeypatch.setattr(grace.variants, "capture_graph", fakes.fake_capture)
     monkeypatch.setattr(grace.decide, "time_variants", fake_timing)
-    monkeypatch.setattr(grace.runner, "run_on_side_stream", lambda fn, args, device: fn(*args))
+    monkeypatch.setattr(grace.slot, "run_on_side_stream", lambda fn, args, device: fn(*args))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     counter = itertools.count(1)
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: next(counter))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: next(counter))
     torch._dynamo.reset()
     stats.forget_all()
     yield

@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import fakes
 import pytest
 import torch
+from fakes import SlotGraph
 
 import grace.decide
 import grace.runner
+import grace.slot
 from grace import stats
+from grace.decide import SlotDecision
 from grace.options import GraceOptions
 from grace.reasons import SkipCode, SkipReason
 from grace.runner import GraceRunner, RunnerPlan, describe_signature
@@ -22,16 +26,12 @@ from grace.scg import Variant
 def cpu_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     decided: list[int] = []
 
-    def warm(fn: Any, args: Sequence[Any], device: Any) -> Any:
-        return fn(*args)
-
-    def decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
+    def decide(facts: Any, args: Sequence[Any]) -> SlotDecision:
         decided.append(1)
-        slot.set_no_graph(None)
-        return slot.run(args)
+        return fakes.decides_no_graph(facts, args)
 
-    monkeypatch.setattr(grace.runner, "run_on_side_stream", warm)
-    monkeypatch.setattr(grace.decide, "decide", decide)
+    fakes.cpu_warmup(monkeypatch)
+    fakes.use_decide(monkeypatch, decide)
     stats.forget_all()
     yield decided
     stats.forget_all()
@@ -100,24 +100,14 @@ def test_skip_mode_runs_the_compiled_callable_and_records_the_reason() -> None:
     assert not runner.slots
 
 
-class _FakeGraph:
-    """What the runner needs of a CapturedGraph: static addresses, a replay, a release."""
+class _FakeGraph(SlotGraph):
+    """A slot's graph that logs its capture, replays and release."""
 
     def __init__(self, args: Sequence[Any], static_indices: tuple[int, ...], log: list[str]) -> None:
-        self.static_indices = static_indices
-        self.static_ptrs = [a.data_ptr() if i in static_indices else None for i, a in enumerate(args)]
+        super().__init__(args, static_indices)
         self.name = f"g{sum(1 for e in log if e.startswith('capture'))}"
         self.log = log
         log.append(f"capture {self.name}")
-
-    def held_outputs(self, generation: int) -> str:
-        return ""  # Note: [Outputs held within one call] is tested on a real CapturedGraph
-
-    def note_replay(self, generation: int) -> None:
-        pass
-
-    def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
-        return all(args[i].data_ptr() == self.static_ptrs[i] for i in self.static_indices)
 
     def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
         self.log.append(f"replay {self.name}")
@@ -130,14 +120,10 @@ class _FakeGraph:
 def test_graphs_of_earlier_static_addresses_are_used_again(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
 
-    def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
-        slot.graph = _FakeGraph(args, slot.runner.plan.static_indices, log)  # type: ignore[assignment]
-        slot.record.variant = Variant.GRAPH_COPIES
-        slot.run = slot._run_copies
-        return slot.run(args)
-
-    monkeypatch.setattr(grace.decide, "decide", capturing_decide)
-    monkeypatch.setattr(grace.decide, "rebind_graph", lambda slot, args: None)  # tests/test_rebind.py
+    fakes.use_decide(
+        monkeypatch, fakes.decides_graph(lambda facts, args: _FakeGraph(args, facts.plan.static_indices, log))
+    )
+    fakes.use_rebind(monkeypatch, fakes.no_rebind)  # tests/test_rebind.py
     runner = _runner()
     layers = [torch.full((), float(k + 1)) for k in range(5)]  # one callable, several layers' weights
     x = torch.ones(2, 3)
@@ -271,42 +257,23 @@ def test_alternating_signatures_build_each_check_once(
 # --- Note: [Outputs held within one call] -----------------------------------------------------------
 
 
-class _WritesOutput:
-    """A stand-in CUDA graph: each replay writes ``x * w * n`` of the captured input into the output."""
-
-    def __init__(self, out: torch.Tensor, x: torch.Tensor) -> None:
-        self.out, self.x = out, x
-
-    def replay(self) -> None:
-        self.out.copy_(self.x * 2)
-
-
 def _held_output_runner(
     monkeypatch: pytest.MonkeyPatch, generation: list[int], **options: Any
 ) -> tuple[GraceRunner, torch.Tensor]:
     """A runner whose slot decides for a real CapturedGraph (CPU tensors, one static output)."""
-    from grace.capture import CapturedGraph, output_refs, pool_output_bytes
-
     placeholder = torch.zeros(2, 3)
     static_out = torch.zeros(2, 3)
 
-    def capturing_decide(slot: grace.runner.GraphSlot, args: Sequence[Any]) -> Any:
-        outputs: list[Any] = [static_out]
-        slot.graph = CapturedGraph(
-            graph=_WritesOutput(static_out, placeholder), device=torch.device("cpu"),
-            placeholders={1: placeholder}, copy_indices=(1,), mutated_indices=(), outputs=outputs,
-            output_container="list", aliases=(), static_indices=(), static_ptrs=[None, None, None],
-            summary=None, _dense_placeholders={1: placeholder},
-            output_refs=output_refs(outputs, (), torch.device("cpu")),
-            output_bytes=pool_output_bytes(outputs, (), torch.device("cpu")),
-        )  # fmt: skip
-        slot.note_graphs()
-        slot.record.variant = Variant.GRAPH_COPIES
-        slot.run = slot._run_copies
-        return slot.run(args)
+    def capture(facts: Any, args: Sequence[Any]) -> Any:
+        return fakes.captured_graph(
+            fakes.WritesOutput(static_out, placeholder),
+            placeholders={1: placeholder},
+            outputs=[static_out],
+            static_ptrs=[None, None, None],
+        )
 
-    monkeypatch.setattr(grace.decide, "decide", capturing_decide)
-    monkeypatch.setattr(grace.runner.torch_compat, "compiled_call_generation", lambda: generation[0])
+    fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
     cpu = torch.device("cpu")
     plan = RunnerPlan("h", device=cpu, static_indices=(), dynamic_indices=(1,), scalar_indices=(2,))
     runner = GraceRunner(lambda w, x, n: [x * 2], plan, GraceOptions(**options), None)

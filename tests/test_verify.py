@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from fakes import SlotGraph
 
 from grace import stats
 from grace.options import GraceOptions
@@ -40,27 +41,18 @@ class Compiled:
         return (x * 2,)
 
 
-class FakeGraph:
+class FakeGraph(SlotGraph):
     """A kept graph: correct while its inputs stay where they were at capture; once they move it
     replays from the captured tensors (``stale_after_move``), as a table that was not rewritten would."""
 
     def __init__(self, args: Sequence[Any], mutate: bool, stale_after_move: bool, plan: Any = None) -> None:
+        super().__init__(args)
         self.captured = [a for a in args]
         self.mutate = mutate
         self.stale_after_move = stale_after_move
-        self.static_indices: tuple[int, ...] = ()
         self.pi_plan = plan
         self.replays = 0
         self.released = False
-
-    def held_outputs(self, generation: int) -> str:
-        return ""  # Note: [Outputs held within one call] is tested on a real CapturedGraph
-
-    def note_replay(self, generation: int) -> None:
-        pass
-
-    def static_inputs_unmoved(self, args: Sequence[Any]) -> bool:
-        return True
 
     def _run(self, args: Sequence[Any], clone: bool) -> tuple[torch.Tensor]:
         self.replays += 1
@@ -89,9 +81,7 @@ def _slot(compiled: Compiled, graph: FakeGraph, variant: Variant, **options: Any
     )
     runner = GraceRunner(compiled, plan, GraceOptions(**options), None)
     slot = GraphSlot(runner, "sig")
-    slot.graph = graph  # type: ignore[assignment]
-    slot.record.variant = variant
-    slot.run = slot._run_pi if variant == Variant.GRAPH_PI else slot._run_copies
+    slot.bind(variant, graph)  # type: ignore[arg-type]
     return slot
 
 

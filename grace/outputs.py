@@ -1,0 +1,227 @@
+"""A captured graph's outputs: which live in its pool, whether they are still held, and by whom.
+
+Problem: a graph's outputs live in its private memory pool and every replay writes them again. A replay
+must never overwrite outputs something still reads (within one compiled call, or in another thread),
+and a pool must outlive every output of it a caller holds (grace.pools).
+
+Design: the outputs in the pool are told apart from views of inputs (``OutputAlias``, ``pool_positions``);
+``output_refs`` keeps weak references to their storages with the use counts the graph's own tensors give
+them, so that a count above those means someone holds an output. ``HeldState`` is what a replay would
+meet (Note: [Outputs held within one call], Note: [Outputs and threads]).
+
+Note: [Outputs held within one call]
+A graph's outputs live in its pool and its next replay writes them again. Across calls of a compiled
+model that is the documented contract (as with cudagraph trees): clone what you keep, or set
+``clone_outputs``. Within one call it is not something a user can see or avoid: Dynamo runs one compiled
+piece (the code after a graph break in a layer, a helper function) once per layer, and a model that keeps
+every layer's result (attention maps, hidden states) would find all of them equal to the last. So the
+runner tells calls apart as cudagraph trees do (``grace.compat.torch.compiled_call_generation``: Dynamo's
+count of top-level calls, or the user's ``cudagraph_mark_step_begin``) and never replays a graph a second
+time in one call while an output of its previous replay is held: that call runs without the graph. The
+first time a graph comes back within one call, the outputs it handed out were its own tensors, whose
+holders cannot be counted, so it does not replay again in that call; from the next call on it hands out
+aliases of its outputs, and a replay within the same call is allowed when the storages' use counts are
+back to what the graph's own tensors give them (every alias and every view made of one has died). Graphs
+rebound from one capture (grace.rebind) write the same outputs and count as one graph here: the state
+lives with the captured graph (``CapturedGraph.outputs_owner``), with which graph replayed last
+(``last_replayed_by_another``), so that the runner can tell a layer that holds another layer's outputs
+(Note: [Layers that hold each other's outputs] in grace.rebind).
+
+Note: [Outputs and threads]
+Dynamo's count of top-level calls is shared by all threads: a call from another thread in between looks
+like a new call of this thread, so Note: [Outputs held within one call] cannot tell one thread's calls
+apart once grace serves several threads, and a thread cannot know when another thread's call
+overwrites the outputs it received. So the first time a graph (or its family) is about to replay for a
+thread other than the one its last replay served, or once the runners have been called from more than
+one thread at all (``calling_threads``, noted by the runner on every call and forgotten by
+``grace.reset()``), it stops handing out its own tensors: it replaces them by fresh
+tensors over the same storages (``CapturedGraph.share_across_threads``), so that whatever was handed out
+before counts in the storages' use counts, and hands out aliases from then on. From then on a replay
+happens only when no output of the previous replay is held, by any thread (``held_outputs`` returns
+``HeldState.HELD`` otherwise and the runner runs that call without the graph). With ``clone_outputs=True`` no
+output of the pool is handed out and the rule never applies.
+
+Invariant: nothing here holds an output beyond the graph's own list; weak references only.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grace.compat import torch as torch_compat
+from grace.streams import calling_threads
+
+
+class HeldState(enum.Enum):
+    """Whether a replay now could overwrite outputs of the last replay that something still holds (Note:
+    [Outputs held within one call])."""
+
+    NONE = "none"  # a replay overwrites nothing still held
+    UNKNOWN = "unknown"  # the last replay in this call handed out the outputs themselves: not countable
+    HELD = "held"  # counted: an alias or a view of an output is alive
+
+
+@dataclass(frozen=True)
+class OutputAlias:
+    """Output ``position`` is a view of dynamic input ``input_index``'s storage."""
+
+    position: int
+    input_index: int
+    offset_delta: int  # output storage offset minus the placeholder's storage offset
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _in_pool(value: Any, device: torch.device) -> bool:
+    """An output tensor the graph wrote on its device (graph outputs on other devices are refused)."""
+    return isinstance(value, torch.Tensor) and value.device == device
+
+
+def _pool_outputs_all(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
+) -> dict[int, torch.Tensor]:
+    """Position -> output tensor, for every output in the graph's pool (views of inputs left out)."""
+    viewing_inputs = {a.position for a in aliases}
+    return {
+        position: out
+        for position, out in enumerate(outputs)
+        if position not in viewing_inputs and _in_pool(out, device)
+    }
+
+
+def _pool_outputs(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
+) -> dict[int, torch.Tensor]:
+    """One output tensor per storage the graph's pool holds for its outputs (views of inputs left out)."""
+    found: dict[int, torch.Tensor] = {}
+    for out in _pool_outputs_all(outputs, aliases, device).values():
+        found.setdefault(_storage_ptr(out), out)
+    return found
+
+
+def output_refs(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device
+) -> list[tuple[Any, int]]:
+    """(weak reference, use count) per storage of the outputs that live in the graph's pool, the counts
+    taken while only the graph's own tensors hold them."""
+    refs = [torch_compat.storage_weak_ref(t) for t in _pool_outputs(outputs, aliases, device).values()]
+    return [(ref, torch_compat.storage_use_count(ref)) for ref in refs]
+
+
+def pool_positions(
+    outputs: list[Any],
+    aliases: Sequence[OutputAlias],
+    device: torch.device,
+    args: Sequence[Any],
+    static_indices: Sequence[int],
+) -> frozenset[int]:
+    """Positions of the outputs the graph wrote in its pool: not views of a dynamic input (``aliases``)
+    nor of a static input (a parameter or buffer returned as it is)."""
+    static = {_storage_ptr(args[i]) for i in static_indices if isinstance(args[i], torch.Tensor)}
+    return frozenset(
+        position
+        for position in _pool_outputs_all(outputs, aliases, device)
+        if _storage_ptr(outputs[position]) not in static
+    )
+
+
+def pool_output_bytes(outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device) -> int:
+    return sum(int(t.untyped_storage().nbytes()) for t in _pool_outputs(outputs, aliases, device).values())
+
+
+@dataclass
+class OutputFamily:
+    """The state of one set of outputs in one pool: held outputs, stream order, the pool's lifetime.
+
+    The graphs that write one set of outputs (a captured graph and those grace.rebind made from it)
+    keep this state with the captured graph (``CapturedGraph.outputs_owner``). ``refs``: weak references
+    to the outputs' storages in the pool, each with the use count the graph's own tensors give it (Note:
+    [Outputs held within one call]); ``last_generation``: the compiled call of the last replay;
+    ``aliases_since``: the call from which replays hand out aliases of the outputs (None: the outputs
+    themselves); ``last_writer``: ``id()`` of the graph whose replay wrote them last; ``last_thread``,
+    ``threads_shared``: Note: [Outputs and threads]; ``last_stream``, ``last_stream_key``: the stream of
+    the last run (Note: [Stream order] in grace.streams); ``sharers``: graphs rebound from the captured
+    one; ``release_pending``, ``released``: the pool waits for the last sharer, or is gone."""
+
+    refs: list[tuple[Any, int]] = field(default_factory=list)
+    last_generation: int | None = None
+    aliases_since: int | None = None
+    last_writer: int | None = None
+    last_thread: int | None = None
+    threads_shared: bool = False
+    last_stream: Any = None
+    last_stream_key: int | None = None
+    sharers: int = 0
+    release_pending: bool = False
+    released: bool = False
+
+    def counted_held(self) -> bool:
+        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.refs)
+
+    def needs_sharing(self) -> bool:
+        """Whether the outputs are about to serve a second thread (Note: [Outputs and threads])."""
+        return not self.threads_shared and (
+            calling_threads.several or self.last_thread not in (None, threading.get_ident())
+        )
+
+    def held(self, generation: int) -> HeldState:
+        """What a replay now, in compiled call ``generation``, would meet (after ``needs_sharing``)."""
+        if self.threads_shared:  # Note: [Outputs and threads]
+            return HeldState.HELD if self.counted_held() else HeldState.NONE
+        if generation != self.last_generation:
+            return HeldState.NONE
+        if self.aliases_since is None:
+            self.aliases_since = generation
+            return HeldState.UNKNOWN
+        if generation == self.aliases_since:
+            return HeldState.UNKNOWN
+        return HeldState.HELD if self.counted_held() else HeldState.NONE
+
+    def note_replay(self, generation: int, writer: int) -> None:
+        self.last_generation = generation
+        self.last_writer = writer
+        self.last_thread = threading.get_ident()
+
+    def share(self, outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device) -> None:
+        """Note: [Outputs and threads]: replace the own output tensors by fresh ones over the same storages
+        (whoever holds the old ones now counts as a holder) and hand out aliases from now on.
+
+        The graphs of a family share one list of outputs (grace.rebind), replaced in place. Each storage's
+        own count becomes what it was at capture less the old tensors (with the bases of views) the graph
+        held on it, plus the fresh ones; where that cannot be matched it becomes 0 (always held).
+        """
+        self.threads_shared = True
+        if self.aliases_since is None:
+            self.aliases_since = self.last_generation if self.last_generation is not None else 0
+        old = _pool_outputs_all(outputs, aliases, device)
+        keys = list(_pool_outputs(outputs, aliases, device))
+        old_impls: Counter[int] = Counter()
+        seen: set[int] = set()
+        for tensor in old.values():
+            for impl in (tensor, tensor._base):
+                if impl is not None and id(impl) not in seen:
+                    seen.add(id(impl))
+                    old_impls[_storage_ptr(impl)] += 1
+        fresh: dict[int, torch.Tensor] = {}
+        for position, tensor in old.items():
+            new = fresh.get(id(tensor))
+            if new is None:
+                new = fresh[id(tensor)] = tensor.detach()  # a new tensor of the storage, no view of the old
+            outputs[position] = new
+        new_impls = Counter(_storage_ptr(t) for t in fresh.values())
+        if len(keys) == len(self.refs):
+            self.refs = [
+                (ref, own - old_impls[key] + new_impls[key])
+                for (ref, own), key in zip(self.refs, keys, strict=True)
+            ]
+        else:
+            self.refs = [(ref, 0) for ref, _ in self.refs]

@@ -1,0 +1,190 @@
+"""Where a captured graph reads its inputs: storage spans, static-input addresses and placeholders.
+
+Problem: a CUDA graph replays fixed addresses. Inputs that change from call to call ("dynamic" inputs,
+the user's tensors) must be read from addresses known at capture: placeholders the runner copies into
+(what PyTorch2-CG does), or, with parameter indirection, slots that PI points at the real inputs.
+Parameters and buffers ("static" inputs) are used in place and must not move.
+
+Design: ``StorageSpan`` is where a tensor's data sits; ``static_pointers`` and ``storage_spans`` record
+where a capture found the static inputs (checked on every replay, and the base of grace.rebind's
+moves). ``placeholders_for`` makes the placeholders of a capture, or checks shared ones; ``dense_view``
+narrows broadcast dimensions so that a placeholder can be copied into.
+
+Invariants:
+- placeholders live in the default pool, never in a graph's private pool, so they can be shared: the
+  deciding call captures the graph-with-copies and the PI graph against one set of placeholders. Two
+  graphs sharing placeholders run one after the other on one stream (each replay copies what it reads
+  into them first), and a released graph drops only its references to them;
+- a shared placeholder has exactly its input's size, strides, dtype and device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grace.compat import torch as torch_compat
+
+
+@dataclass(frozen=True)
+class StorageSpan:
+    """Where a tensor's data sits: its data pointer and its storage's address range."""
+
+    data_ptr: int
+    start: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.nbytes
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> StorageSpan:
+        storage = t.untyped_storage()
+        return cls(int(t.data_ptr()), int(storage.data_ptr()), int(storage.nbytes()))
+
+
+def static_pointers(args: Sequence[Any], static_indices: Sequence[int]) -> list[int | None]:
+    """``data_ptr()`` of each static input by position (None elsewhere): where a graph reads them."""
+    pointers: list[int | None] = [None] * len(args)
+    for i in static_indices:
+        pointers[i] = args[i].data_ptr()
+    return pointers
+
+
+def storage_spans(args: Sequence[Any], indices: Sequence[int]) -> dict[int, StorageSpan]:
+    return {i: StorageSpan.of(args[i]) for i in indices if isinstance(args[i], torch.Tensor)}
+
+
+def dense_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` narrowed to length 1 along broadcast (stride 0) dimensions, so it can be copied into."""
+    if all(s != 0 or n <= 1 for s, n in zip(t.stride(), t.shape, strict=True)):
+        return t
+    index = tuple(
+        slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(t.stride(), t.shape, strict=True)
+    )
+    return t[index]
+
+
+def make_placeholder(t: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with ``t``'s size, strides and dtype on ``t``'s device (storage offset 0)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+
+
+def placeholders_for(
+    args: Sequence[Any], dynamic_indices: Sequence[int], shared: Mapping[int, torch.Tensor] | None = None
+) -> dict[int, torch.Tensor]:
+    """The placeholders a capture of ``args`` reads its dynamic inputs from: fresh ones, or ``shared``.
+
+    ``shared`` (the placeholders of another graph of the same call) must hold exactly the dynamic
+    indices, each with its input's size, strides, dtype and device: a graph captured against a
+    placeholder of another layout would read the copied input wrongly. Raises ``ValueError`` otherwise.
+    """
+    if shared is None:
+        return {i: make_placeholder(args[i]) for i in dynamic_indices}
+    if set(shared) != set(dynamic_indices):
+        raise ValueError(
+            f"shared placeholders cover inputs {sorted(shared)}, the capture needs {sorted(dynamic_indices)}"
+        )
+    for i in dynamic_indices:
+        p, t = shared[i], args[i]
+        if (p.size(), p.stride(), p.dtype, p.device) != (t.size(), t.stride(), t.dtype, t.device):
+            raise ValueError(
+                f"shared placeholder {i} is {tuple(p.shape)}/{p.stride()}/{p.dtype}/{p.device}, "
+                f"input {i} is {tuple(t.shape)}/{t.stride()}/{t.dtype}/{t.device}"
+            )
+    return {i: shared[i] for i in dynamic_indices}
+
+
+def poison_placeholders(placeholders: Mapping[int, torch.Tensor]) -> None:
+    """Fill the placeholders with zeros.
+
+    A graph reads a placeholder only after the runner copied the input into it, so this never changes
+    a correct result; a graph that reads a placeholder it should not (a PI slot left at its capture
+    address) then computes with zeros instead of the last copied values, and fails its numeric check
+    unless its output does not depend on that input. Zeros, not NaN: a broken graph that turns the value
+    into an index or a size must stay in bounds (a fault would end the process, not just the variant);
+    the first call at other addresses is verified against eager again (grace.verify).
+    """
+    for p in placeholders.values():
+        dense_view(p).zero_()
+
+
+Layout = tuple[torch.Size, tuple[int, ...], torch.dtype]  # size, strides, dtype of a placeholder
+
+
+@dataclass
+class Bindings:
+    """Where one graph reads its inputs: its placeholders and the static inputs' capture addresses.
+
+    ``copy_indices``: the dynamic inputs read through a placeholder (copied into it, unless PI points
+    the graph elsewhere); ``mutated_indices``: those of them the graph writes (copied back after a
+    replay). A ``borrowed`` graph was captured on the caller's inputs: it keeps none of them, only their
+    ``layouts``, and gets placeholders of its own when a call first needs one (``own_placeholders``)."""
+
+    placeholders: dict[int, torch.Tensor]
+    copy_indices: tuple[int, ...]
+    mutated_indices: tuple[int, ...]
+    static_indices: tuple[int, ...]
+    static_ptrs: list[int | None]
+    copy_bytes: int = 0
+    borrowed: bool = False
+    layouts: dict[int, Layout] = field(default_factory=dict)
+    dense: dict[int, torch.Tensor] = field(default_factory=dict)  # dense_view of each placeholder
+
+    @classmethod
+    def of(
+        cls,
+        placeholders: Mapping[int, torch.Tensor],
+        *,
+        copy_indices: tuple[int, ...],
+        mutated_indices: tuple[int, ...],
+        static_indices: tuple[int, ...],
+        static_ptrs: list[int | None],
+        copy_bytes: int = 0,
+        borrowed: bool = False,
+        layouts: Mapping[int, Layout] | None = None,
+    ) -> Bindings:
+        """Bindings over ``placeholders`` (a borrowed graph keeps only their layouts, or ``layouts``)."""
+        if borrowed and layouts is None:
+            layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
+        kept = {} if borrowed else dict(placeholders)
+        return cls(
+            placeholders=kept,
+            copy_indices=copy_indices,
+            mutated_indices=mutated_indices,
+            static_indices=static_indices,
+            static_ptrs=static_ptrs,
+            copy_bytes=copy_bytes,
+            borrowed=borrowed,
+            layouts=dict(layouts) if borrowed and layouts is not None else {},
+            dense={i: dense_view(p) for i, p in kept.items()},
+        )
+
+    def own_placeholders(self, device: torch.device) -> dict[int, int]:
+        """Give a borrowed graph placeholders of its own; returns their addresses.
+
+        Only a graph whose every read of a dynamic input goes through PI's table may lack them (nothing
+        in it reads a captured address), so the new ones serve every later copy."""
+        self.placeholders = {
+            i: torch.empty_strided(size, stride, dtype=dtype, device=device)
+            for i, (size, stride, dtype) in self.layouts.items()
+        }
+        self.dense = {i: dense_view(p) for i, p in self.placeholders.items()}
+        self.borrowed = False
+        return {i: int(p.data_ptr()) for i, p in self.placeholders.items()}
+
+    def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        torch_compat.foreach_copy([self.dense[i] for i in indices], [dense_view(args[i]) for i in indices])
+
+    def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        for i in indices:
+            dense_view(args[i]).copy_(self.dense[i])
+
+    def drop(self) -> None:
+        """Drop the references to the placeholders (shared ones stay with their other graphs)."""
+        self.placeholders = {}
+        self.dense = {}
