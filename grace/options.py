@@ -59,7 +59,7 @@ class GraceOptions:
             pool and the graph's replay in the next call of the compiled model overwrites them (as with
             PyTorch's cudagraph trees): clone what you keep across calls, or set this. Within one call a
             replay never overwrites an output still held: that call runs without the graph (Note:
-            [Outputs held within one call] in grace.capture). Nor does a replay overwrite an output
+            [Outputs held within one call] in grace.outputs). Nor does a replay overwrite an output
             that a call from another thread still holds (Note: [Outputs and threads]): once grace runs
             calls from several threads, a graph replays only when none of its outputs is held. Set this
             when several threads call compiled models, so that every call can replay.
@@ -74,7 +74,7 @@ class GraceOptions:
             they are copied to host memory and freed, the no-graph variant's SCG samples are taken
             before the capture too, and the graph variants (the returned replay included) are compared
             with the host copy, chunk by chunk: no no-graph output shares the device with a graph's
-            outputs (Note: [Deciding-call memory] in grace.decide). Such a graph is compared with the
+            outputs (Note: [Deciding-call memory] in docs/design/runtime.md). Such a graph is compared with the
             no-graph callable again at its first call with inputs at other addresses, not at its first
             steady call. For a callable that mutates inputs, the copies its checks keep of them
             (before a run, to restore them; after the reference run, to compare) and of the outputs
