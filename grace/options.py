@@ -74,8 +74,8 @@ class GraceOptions:
             they are copied to host memory and freed, the no-graph variant's SCG samples are taken
             before the capture too, and the graph variants (the returned replay included) are compared
             with the host copy, chunk by chunk: no no-graph output shares the device with a graph's
-            outputs (Note: [Deciding-call memory] in docs/design/runtime.md). Such a graph is compared with the
-            no-graph callable again at its first call with inputs at other addresses, not at its first
+            outputs (Note: [Deciding-call memory] in docs/design/runtime.md). Such a graph is compared
+            with the no-graph callable again at its first call with inputs at other addresses, not at its first
             steady call. For a callable that mutates inputs, the copies its checks keep of them
             (before a run, to restore them; after the reference run, to compare) and of the outputs
             go to host memory from this size on. 0 turns both off.
