@@ -75,8 +75,8 @@ class GraceOptions:
             before the capture too, and the graph variants (the returned replay included) are compared
             with the host copy, chunk by chunk: no no-graph output shares the device with a graph's
             outputs (Note: [Deciding-call memory] in docs/design/runtime.md). Such a graph is compared
-            with the no-graph callable again at its first call with inputs at other addresses, not at its first
-            steady call. For a callable that mutates inputs, the copies its checks keep of them
+            with the no-graph callable again at its first call with inputs at other addresses, not at its
+            first steady call. For a callable that mutates inputs, the copies its checks keep of them
             (before a run, to restore them; after the reference run, to compare) and of the outputs
             go to host memory from this size on. 0 turns both off.
         max_recaptures: times a graph is captured again because its static inputs (parameters,
