@@ -8,6 +8,13 @@ for every compiled mode, it runs again on inputs with new values at new addresse
 original ones, because a graph that kept stale input pointers only shows itself there. Grace modes
 also record CGCT diagnoses (``grace.explain``) and the grace.stats facts of their graphs.
 
+Training workloads (suites.training) are judged differently: from the same initial state and inputs,
+eager float32 and the mode each run ``CHECK_STEPS`` training steps; each step's loss, the last step's
+gradients and the final parameters are compared per quantity (tolerances' ``[training]`` section), each
+also against a float64 run where one fits on the device. The eager record passes when its steps run
+without NaN (its float64 figures are kept); eager's repeatability is not re-checked (a backward may
+use atomics). Moved inputs are not re-checked: a training step's graphs are replayed on the same inputs.
+
 Invariant: every path returns a record; errors become statuses, never exceptions.
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import math
 from typing import Any
 
 import torch
@@ -25,7 +33,8 @@ from suites.accuracy import Figures, ToleranceTable, compare, judge, judge_moved
 from suites.harness import CompiledMode, Failure, PreparedWorkload, describe, failure_of
 from suites.modes import GRACE_MODES, SPECS, Mode, override_details
 from suites.records import CorrectnessRecord, CorrectnessStatus, DiagnosticRecord
-from suites.tensors import Leaves, clone_inputs, variant_inputs
+from suites.tensors import Leaves, clone_inputs, to_float64, variant_inputs
+from suites.training import CHECK_STEPS, TrainStep, TrainTrace, initial_state, is_training, run_trace
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +56,8 @@ def evaluate(
 ) -> tuple[CorrectnessRecord, list[DiagnosticRecord]]:
     if prepared.load_failure is not None:
         return _failed(prepared, mode, prepared.load_failure), []
+    if is_training(prepared.workload):
+        return _evaluate_training(prepared, mode, tolerances), []
     eager = prepared.eager()
     if isinstance(eager, Failure):
         return _failed(prepared, mode, eager, prefix="eager: "), []
@@ -208,3 +219,98 @@ def _diagnose(
             )
         )
     return records
+
+
+def _training_references(prepared: PreparedWorkload) -> tuple[TrainTrace | Failure, TrainTrace | str]:
+    """Eager float32's trace and float64's (or why there is none), computed once per workload."""
+    cache = prepared.training_cache
+    if "eager" not in cache:
+        cache["initial"] = initial_state(prepared.model)
+        try:
+            step = TrainStep(Mode.EAGER, copy.deepcopy(prepared.model), prepared.device.type)
+            cache["eager"] = run_trace(step, clone_inputs(prepared.inputs))
+        except Exception as exc:
+            cache["eager"] = failure_of(exc, CorrectnessStatus.EAGER_FAIL_TO_RUN)
+        step = None
+        try:
+            model64 = copy.deepcopy(prepared.model).double()
+            step = TrainStep(Mode.EAGER, model64, prepared.device.type)
+            cache["fp64"] = run_trace(step, to_float64(clone_inputs(prepared.inputs)))
+        except Exception as exc:
+            cache["fp64"] = f"no float64 reference: {describe(exc, 300)}"
+        finally:
+            del step
+            if prepared.device.type == "cuda":
+                torch.cuda.empty_cache()
+    return cache["eager"], cache["fp64"]
+
+
+def _judge_trace(
+    result: TrainTrace, reference: TrainTrace, fp64: TrainTrace | None, dtype: str, tolerances: ToleranceTable
+) -> tuple[CorrectnessStatus, str, dict[str, float], dict[str, Any]]:
+    """Per quantity (loss, grad, param) figures and verdict; the first failing one decides."""
+    verdict: tuple[CorrectnessStatus, str, dict[str, float]] | None = None
+    per_quantity: dict[str, Any] = {}
+    worst: tuple[float, dict[str, float]] = (-1.0, {})  # the errors the record keeps when all pass
+    for quantity, leaves in result.quantities().items():
+        tol = tolerances.for_training(quantity, dtype)
+        fp64_leaves = fp64.quantities()[quantity] if fp64 is not None else None
+        figures = compare(leaves, reference.quantities()[quantity], tol, fp64_leaves)
+        status, why = judge(figures, tol)
+        errors = {k: v for k, v in figures.to_dict().items() if v is not None}
+        per_quantity[quantity] = {
+            "status": status.value, "reason": why, "errors": errors, "tolerance": tol.to_dict()
+        }  # fmt: skip
+        if verdict is None and status is not CorrectnessStatus.PASS:
+            verdict = (status, f"{quantity}: {why}", errors)
+        ratio = math.inf if math.isnan(figures.tol_ratio) else figures.tol_ratio
+        if ratio > worst[0]:
+            worst = (ratio, errors)
+    if verdict is None:
+        verdict = (CorrectnessStatus.PASS, f"loss, gradients and parameters after {CHECK_STEPS} steps "
+                   "match the reference", worst[1])  # fmt: skip
+    return verdict[0], verdict[1], verdict[2], per_quantity
+
+
+def _evaluate_training(
+    prepared: PreparedWorkload, mode: Mode, tolerances: ToleranceTable
+) -> CorrectnessRecord:
+    eager, fp64 = _training_references(prepared)
+    if isinstance(eager, Failure):
+        return _failed(prepared, mode, eager, prefix="eager: ")
+    dtype = str(prepared.dtype).removeprefix("torch.")
+    fp64_trace = fp64 if isinstance(fp64, TrainTrace) else None
+    details: dict[str, Any] = {
+        "dtype": dtype,
+        "device": str(prepared.device),
+        "training_steps": CHECK_STEPS,
+        "fp64_reference": "available" if fp64_trace is not None else fp64,
+        "random": "dropout on; generator seeded before every step; inductor fallback_random",
+    }
+    if mode is Mode.EAGER:
+        if fp64_trace is None:
+            status, why, errors, per_quantity = CorrectnessStatus.PASS, "eager steps ran", {}, {}
+        else:
+            status, why, errors, per_quantity = _judge_trace(eager, fp64_trace, None, dtype, tolerances)
+            why = f"eager steps ran; against float64 ({status.value}): {why}"
+        details["training"] = per_quantity
+        nan = any(bool(torch.isnan(t).any()) for _, t in eager.loss)
+        final = CorrectnessStatus.FAIL_ACCURACY if nan else CorrectnessStatus.PASS
+        return _record(prepared, mode, final, ("eager loss is NaN; " if nan else "") + why, errors=errors,
+                       details=details)  # fmt: skip
+    entry = prepared.compiled_mode(mode)
+    if entry.failure is not None or not isinstance(entry.fn, TrainStep):
+        return _failed(
+            prepared, mode, entry.failure or Failure(CorrectnessStatus.FAIL_TO_RUN, "not compiled")
+        )
+    details.update(_mode_details(entry), **entry.fn.details())
+    try:
+        entry.fn.restore(prepared.training_cache["initial"])
+        result = run_trace(entry.fn, entry.inputs)
+    except Exception as exc:
+        return _failed(prepared, mode, failure_of(exc))
+    status, why, errors, per_quantity = _judge_trace(result, eager, fp64_trace, dtype, tolerances)
+    details["training"] = per_quantity
+    if mode in GRACE_MODES:
+        details["grace_stats"] = grace_stats.select(grace_stats.snapshot(), entry.grace_keys)
+    return _record(prepared, mode, status, why, errors=errors, details=details)
