@@ -221,27 +221,29 @@ def _diagnose(
     return records
 
 
+def _reference_trace(prepared: PreparedWorkload, float64: bool) -> TrainTrace:
+    """Eager steps on a fresh copy of the workload's model (in float64 when asked)."""
+    model, inputs = copy.deepcopy(prepared.model), clone_inputs(prepared.inputs)
+    if float64:
+        model, inputs = model.double(), to_float64(inputs)
+    return run_trace(TrainStep(Mode.EAGER, model, prepared.device.type), inputs)
+
+
 def _training_references(prepared: PreparedWorkload) -> tuple[TrainTrace | Failure, TrainTrace | str]:
     """Eager float32's trace and float64's (or why there is none), computed once per workload."""
     cache = prepared.training_cache
     if "eager" not in cache:
         cache["initial"] = initial_state(prepared.model)
         try:
-            step = TrainStep(Mode.EAGER, copy.deepcopy(prepared.model), prepared.device.type)
-            cache["eager"] = run_trace(step, clone_inputs(prepared.inputs))
+            cache["eager"] = _reference_trace(prepared, float64=False)
         except Exception as exc:
             cache["eager"] = failure_of(exc, CorrectnessStatus.EAGER_FAIL_TO_RUN)
-        step = None
         try:
-            model64 = copy.deepcopy(prepared.model).double()
-            step = TrainStep(Mode.EAGER, model64, prepared.device.type)
-            cache["fp64"] = run_trace(step, to_float64(clone_inputs(prepared.inputs)))
+            cache["fp64"] = _reference_trace(prepared, float64=True)
         except Exception as exc:
             cache["fp64"] = f"no float64 reference: {describe(exc, 300)}"
-        finally:
-            del step
-            if prepared.device.type == "cuda":
-                torch.cuda.empty_cache()
+        if prepared.device.type == "cuda":
+            torch.cuda.empty_cache()
     return cache["eager"], cache["fp64"]
 
 
@@ -288,9 +290,10 @@ def _evaluate_training(
         "random": "dropout on; generator seeded before every step; inductor fallback_random",
     }
     if mode is Mode.EAGER:
-        if fp64_trace is None:
-            status, why, errors, per_quantity = CorrectnessStatus.PASS, "eager steps ran", {}, {}
-        else:
+        errors: dict[str, float] = {}
+        per_quantity: dict[str, Any] = {}
+        status, why = CorrectnessStatus.PASS, "eager steps ran"
+        if fp64_trace is not None:
             status, why, errors, per_quantity = _judge_trace(eager, fp64_trace, None, dtype, tolerances)
             why = f"eager steps ran; against float64 ({status.value}): {why}"
         details["training"] = per_quantity
