@@ -280,7 +280,8 @@ def _evaluate_training(
     eager, fp64 = _training_references(prepared)
     if isinstance(eager, Failure):
         return _failed(prepared, mode, eager, prefix="eager: ")
-    dtype = str(prepared.dtype).removeprefix("torch.")
+    # under autocast the forward computes in the autocast dtype: its tolerances apply
+    dtype = getattr(prepared.model, "autocast", None) or str(prepared.dtype).removeprefix("torch.")
     fp64_trace = fp64 if isinstance(fp64, TrainTrace) else None
     details: dict[str, Any] = {
         "dtype": dtype,

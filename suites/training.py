@@ -14,6 +14,9 @@ Design:
   as eager does, as PyTorch's own benchmark harness does for training accuracy). Every mode then draws
   the same masks and leaves the generator where eager leaves it. Timings therefore include ATen's
   random kernels in compiled modes, as eager pays them.
+- Mixed precision (``TrainingModel.autocast``): the forward runs under ``torch.autocast``; backward
+  and the optimizer step are outside it, as in PyTorch's recipe (bfloat16 needs no gradient scaler).
+  A float64 copy is not cast by autocast, so the float64 reference is the same for every precision.
 - Phases are marked with profiler ranges (``PHASES``), so a profile of one call splits its kernels into
   forward, backward and optimizer (suites.launches ``phases_from_trace``).
 - ``restore`` puts back a parameter state in place (same tensors: graphs that hold their addresses stay
@@ -67,6 +70,7 @@ class TrainStep:
                 f"a training workload's model must be a TrainingModel, not {type(model).__name__}"
             )
         self.mode = mode
+        self.device_type = device_type
         self.model = model.train()
         self.spec = model.optimizer_spec
         self.capturable = SPECS[mode].uses_graphs and device_type == "cuda"
@@ -81,7 +85,7 @@ class TrainStep:
         if SPECS[self.mode].uses_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.enable_grad(), comparable_random():
-            with torch.profiler.record_function(FORWARD):
+            with torch.profiler.record_function(FORWARD), self._autocast():
                 loss = self.forward(*inputs)
             with torch.profiler.record_function(BACKWARD):
                 loss.backward()
@@ -93,6 +97,11 @@ class TrainStep:
         self.steps += 1
         return loss.detach()
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.model.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=getattr(torch, self.model.autocast))
+
     def restore(self, state: Mapping[str, torch.Tensor]) -> None:
         """Parameters and buffers back to ``state`` (in place), a fresh optimizer, step count 0."""
         with torch.no_grad():
@@ -103,7 +112,12 @@ class TrainStep:
         self.grads = []
 
     def details(self) -> dict[str, Any]:
-        return {"optimizer": self.spec.to_dict(), "capturable": self.capturable, "set_to_none": True}
+        return {
+            "optimizer": self.spec.to_dict(),
+            "capturable": self.capturable,
+            "set_to_none": True,
+            **({"autocast": self.model.autocast} if self.model.autocast else {}),
+        }
 
 
 def initial_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

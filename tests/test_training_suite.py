@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from suites.accuracy import load_tolerances  # noqa: E402
 from suites.correctness import evaluate  # noqa: E402
-from suites.harness import PreparedWorkload, prepare, release  # noqa: E402
+from suites.harness import PreparedWorkload  # noqa: E402
 from suites.launches import PhaseFacts, phases_from_trace  # noqa: E402
 from suites.modes import Mode  # noqa: E402
 from suites.records import CorrectnessStatus  # noqa: E402
@@ -35,11 +35,12 @@ ISSUE_MODELS = {
     "BlenderbotSmallForConditionalGeneration_train", "DistilGPT2_train", "DebertaForMaskedLM_train",
     "BertForMaskedLM_train", "dcgan_train", "nvidia_deeprecommender_train",
 }  # fmt: skip
+AMP_MODELS = {"DistilGPT2_train_amp", "BertForMaskedLM_train_amp"}
 
 
 def test_training_workloads_are_tagged() -> None:
-    assert {wl.name for wl in select(tags=[Tag.TRAINING])} == ISSUE_MODELS
-    assert all(wl.name.endswith("_train") for wl in select(tags=[Tag.TRAINING]))
+    assert {wl.name for wl in select(tags=[Tag.TRAINING])} == ISSUE_MODELS | AMP_MODELS
+    assert all("_train" in wl.name for wl in select(tags=[Tag.TRAINING]))
 
 
 def test_train_step_trains_and_restores() -> None:
@@ -65,10 +66,19 @@ def test_train_step_trains_and_restores() -> None:
         )
 
 
+def _prepared(name: str) -> PreparedWorkload:
+    """A prepared workload of this test's own (not the process's current one, which others replace)."""
+    prepared = PreparedWorkload(get(name), "smoke", torch.device("cpu"), torch.float32)
+    prepared.load()
+    assert prepared.load_failure is None, prepared.load_failure
+    return prepared
+
+
 @pytest.fixture(scope="module")
 def prepared() -> Iterator[PreparedWorkload]:
-    yield prepare(get(WORKLOAD), "smoke", torch.device("cpu"))
-    release()
+    prepared = _prepared(WORKLOAD)
+    yield prepared
+    prepared.close()
 
 
 def test_eager_and_inductor_pass(prepared: PreparedWorkload) -> None:
@@ -101,6 +111,21 @@ def test_perturbed_optimizer_step_fails(prepared: PreparedWorkload, monkeypatch:
     record, _ = evaluate(prepared, Mode.INDUCTOR, TOLERANCES)
     assert record.status is CorrectnessStatus.FAIL_ACCURACY, record.reason
     assert record.details["training"]["param"]["status"] == "fail_accuracy"
+
+
+def test_autocast_workload_runs_eager_in_bfloat16() -> None:
+    amp = _prepared("BertForMaskedLM_train_amp")
+    try:
+        model, inputs = amp.model, amp.inputs
+        step = TrainStep(Mode.EAGER, copy.deepcopy(model), "cpu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # what the step does: the logits come out bf16
+            assert model.model(*inputs[:-1]).logits.dtype == torch.bfloat16
+        assert step.details()["autocast"] == "bfloat16" and step(*inputs).dtype == torch.float32
+        assert all(p.dtype == torch.float32 for p in step.model.parameters())
+        record, _ = evaluate(amp, Mode.EAGER, TOLERANCES)
+        assert record.status is CorrectnessStatus.PASS and record.details["dtype"] == "bfloat16"
+    finally:
+        amp.close()
 
 
 def test_training_tolerances_name_the_fix() -> None:

@@ -57,7 +57,7 @@ PART2+=",DebertaForQuestionAnswering,BlenderbotSmallForConditionalGeneration,Dis
 PART2+=",lcnet_050,densenet121,alexnet,fasterrcnn_mobilenet_v3_large_320_fpn"
 PART_TRAIN="nvidia_deeprecommender_train,dcgan_train,DistilGPT2_train,BertForMaskedLM_train"
 PART_TRAIN+=",XLNetLMHeadModel_train,DebertaForMaskedLM_train,BlenderbotSmallForConditionalGeneration_train"
-PART_TRAIN+=",MT5ForConditionalGeneration_train"
+PART_TRAIN+=",MT5ForConditionalGeneration_train,DistilGPT2_train_amp,BertForMaskedLM_train_amp"
 if [[ -z "$WORKLOADS" ]]; then
   case "$PART" in
     1) WORKLOADS="$PART1" ;;

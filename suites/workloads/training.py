@@ -21,6 +21,9 @@ standard widths and layer counts and sequences of 128 tokens (64 for MT5 and Ble
 decoder), shorter than the published 512 so a step fits an H200 lease. ``full`` keeps the published
 sequence lengths.
 
+Mixed precision: ``*_train_amp`` workloads (size key ``autocast``) run the forward under bfloat16
+autocast; the model and its optimizer stay float32.
+
 Invariants:
 - A builder returns its model in eval mode (``place``): called directly, as the registry's smoke test
   does, the loss is deterministic. ``TrainStep`` switches its own copy to train mode (dropout on).
@@ -91,9 +94,11 @@ DCGAN_ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=2e-4, betas=(0.5, 0.999))
 
 class TrainingModel(nn.Module):
     """A module whose ``forward(*inputs)`` returns the scalar training loss; ``optimizer_spec`` names
-    the optimizer of its step."""
+    the optimizer of its step; ``autocast`` (a dtype name, e.g. ``"bfloat16"``) runs the forward under
+    ``torch.autocast`` with that dtype (mixed precision: parameters, gradients and steps stay float32)."""
 
     optimizer_spec: OptimizerSpec = SGD_MOMENTUM
+    autocast: str | None = None
 
 
 class LanguageModelLoss(TrainingModel):
@@ -143,7 +148,9 @@ def _from_inference(size: Any, device: Any, dtype: torch.dtype) -> tuple[nn.Modu
     gen = generator()
     gen.manual_seed(gen.initial_seed() + 1)  # targets: drawn apart from the inputs' stream
     targets = token_ids(base_size["batch"], seq, base_size["config"]["vocab_size"], device, gen)
-    return place(LanguageModelLoss(model, ADAMW), device, dtype), (*inputs, targets)
+    loss = LanguageModelLoss(model, ADAMW)
+    loss.autocast = size.get("autocast")
+    return place(loss, device, dtype), (*inputs, targets)
 
 
 _TRANSFORMERS: tuple[tuple[str, dict[str, int], dict[str, int]], ...] = (
@@ -163,6 +170,20 @@ for _base, _standard, _full in _TRANSFORMERS:
     )(_from_inference)
 
 
+def _amp(sizes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {tier: {**size, "autocast": "bfloat16"} for tier, size in sizes.items()}
+
+
+workload(
+    "DistilGPT2_train_amp",
+    sizes=_amp(_hf_sizes("DistilGPT2", _TRANSFORMERS[-1][1], _TRANSFORMERS[-1][2])),
+    tags=(Tag.TRAINING, *get("DistilGPT2").tags),
+    requires=get("DistilGPT2").requires,
+    description="DistilGPT2 training step under bfloat16 autocast: token cross-entropy, AdamW.",
+    code=(get("DistilGPT2").builder, *get("DistilGPT2").code, LanguageModelLoss, OptimizerSpec),
+)(_from_inference)
+
+
 def _masked_lm(model_class: str, config_class: str, config: dict[str, Any]) -> Any:
     def build(size: Any, device: Any, dtype: torch.dtype) -> tuple[nn.Module, tuple[Any, ...]]:
         merged = {**config, **size["config"]}
@@ -170,9 +191,10 @@ def _masked_lm(model_class: str, config_class: str, config: dict[str, Any]) -> A
         gen = generator()
         ids = token_ids(size["batch"], size["seq"], merged["vocab_size"], device, gen)
         targets = token_ids(size["batch"], size["seq"], merged["vocab_size"], device, gen)
-        return place(LanguageModelLoss(model, ADAMW), device, dtype), (ids, targets)
+        loss = LanguageModelLoss(model, ADAMW)
+        loss.autocast = size.get("autocast")
+        return place(loss, device, dtype), (ids, targets)
 
-    build.__doc__ = f"{model_class} training step: masked-LM cross-entropy over every token, AdamW."
     return build
 
 
@@ -184,23 +206,23 @@ _DEBERTA = {
     "max_relative_positions": -1,
     **special_tokens(50265),
 }
-_MASKED_LMS: tuple[tuple[str, str, dict[str, Any], int, int, tuple[Tag, ...]], ...] = (
-    ("DebertaForMaskedLM", "DebertaConfig", _DEBERTA, 50265, 8, (Tag.CGCT, Tag.LAUNCH_BOUND)),
-    ("BertForMaskedLM", "BertConfig", special_tokens(30522), 30522, 16, (Tag.LAUNCH_BOUND,)),
+_MASKED_LMS: tuple[tuple[str, str, dict[str, Any], int, int, tuple[Tag, ...], bool], ...] = (
+    ("DebertaForMaskedLM", "DebertaConfig", _DEBERTA, 50265, 8, (Tag.CGCT, Tag.LAUNCH_BOUND), False),
+    ("BertForMaskedLM", "BertConfig", special_tokens(30522), 30522, 16, (Tag.LAUNCH_BOUND,), False),
+    ("BertForMaskedLM", "BertConfig", special_tokens(30522), 30522, 16, (Tag.LAUNCH_BOUND,), True),
 )
-for _model, _config, _defaults, _vocab, _batch, _tags in _MASKED_LMS:
+for _model, _config, _defaults, _vocab, _batch, _tags, _autocast in _MASKED_LMS:
+    _sizes: dict[str, dict[str, Any]] = {
+        "smoke": {"batch": 1, "seq": 16, "config": {"vocab_size": 256, **_SMALL}},
+        "standard": {"batch": _batch, "seq": 128, "config": {"vocab_size": _vocab, "num_hidden_layers": 4}},
+        "full": {"batch": _batch, "seq": 512, "config": {"vocab_size": _vocab}},
+    }
     workload(
-        f"{_model}_train",
-        sizes={
-            "smoke": {"batch": 1, "seq": 16, "config": {"vocab_size": 256, **_SMALL}},
-            "standard": {
-                "batch": _batch,
-                "seq": 128,
-                "config": {"vocab_size": _vocab, "num_hidden_layers": 4},
-            },
-            "full": {"batch": _batch, "seq": 512, "config": {"vocab_size": _vocab}},
-        },
+        f"{_model}_train_amp" if _autocast else f"{_model}_train",
+        sizes=_amp(_sizes) if _autocast else _sizes,
         tags=(Tag.TRAINING, Tag.TRANSFORMER, *_tags),
+        description=f"{_model} training step{' under bfloat16 autocast' if _autocast else ''}: "
+        "masked-LM cross-entropy over every token, AdamW.",
         requires=("transformers",),
         code=(hf_model, token_ids, LanguageModelLoss, OptimizerSpec),
     )(_masked_lm(_model, _config, _defaults))
