@@ -17,9 +17,10 @@ backward and one optimizer step update both (a simultaneous, not alternating, GA
 Sizes: ``smoke`` is the inference workload's smoke size (a CPU runs three steps in well under a second
 eagerly). ``standard`` uses the batch sizes of the training issue (XLNet 8, MT5 16, BlenderbotSmall 64,
 DistilGPT2 16, DeBERTa 8, BERT 16, DCGAN 32, DeepRecommender 256) with the inference workloads'
-standard widths and layer counts and sequences of 128 tokens (64 for MT5 and BlenderbotSmall's
-decoder), shorter than the published 512 so a step fits an H200 lease. ``full`` keeps the published
-sequence lengths.
+standard widths and layer counts (BERT: bert-base widths, 4 layers) and sequences of 128 tokens (64
+for MT5's encoder and decoder and for BlenderbotSmall's decoder), shorter than the published 512 so
+that every mode's step fits one GPU lease. ``full`` keeps the inference workloads' full sizes with
+the issue's batch sizes.
 
 Mixed precision: ``*_train_amp`` workloads (size key ``autocast``) run the forward under bfloat16
 autocast; the model and its optimizer stay float32.
@@ -27,7 +28,7 @@ autocast; the model and its optimizer stay float32.
 Invariants:
 - A builder returns its model in eval mode (``place``): called directly, as the registry's smoke test
   does, the loss is deterministic. ``TrainStep`` switches its own copy to train mode (dropout on).
-- Targets are drawn from the same seeded generator as the inputs, after them: identical on every call.
+- Targets come from a seeded generator, as inputs do: every call of a builder returns the same ones.
 - Every floating parameter receives a gradient from the loss, except parameters the model itself never
   uses (which then have none in every mode alike).
 """
@@ -113,7 +114,8 @@ class LanguageModelLoss(TrainingModel):
         *model_inputs, targets = inputs
         out = self.model(*model_inputs)
         logits = out["logits"] if isinstance(out, Mapping) else out
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays float64
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 class MaskedRatingLoss(TrainingModel):
