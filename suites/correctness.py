@@ -24,6 +24,7 @@ import copy
 import importlib
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -247,13 +248,32 @@ def _training_references(prepared: PreparedWorkload) -> tuple[TrainTrace | Failu
     return cache["eager"], cache["fp64"]
 
 
+@dataclass(frozen=True)
+class TraceVerdict:
+    """The verdict on a training trace: the first failing quantity decides (else the one closest to
+    its tolerance), ``per_quantity`` keeps every quantity's status, reason, errors and tolerance."""
+
+    status: CorrectnessStatus
+    reason: str
+    quantity: str
+    per_quantity: dict[str, Any]
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return dict(self.per_quantity[self.quantity]["errors"])
+
+    @property
+    def tolerance(self) -> dict[str, float]:
+        return dict(self.per_quantity[self.quantity]["tolerance"])
+
+
 def _judge_trace(
     result: TrainTrace, reference: TrainTrace, fp64: TrainTrace | None, dtype: str, tolerances: ToleranceTable
-) -> tuple[CorrectnessStatus, str, dict[str, float], dict[str, Any]]:
-    """Per quantity (loss, grad, param) figures and verdict; the first failing one decides."""
-    verdict: tuple[CorrectnessStatus, str, dict[str, float]] | None = None
+) -> TraceVerdict:
+    """Per quantity (loss, grad, param): figures against ``reference`` (and ``fp64``) and a verdict."""
     per_quantity: dict[str, Any] = {}
-    worst: tuple[float, dict[str, float]] = (-1.0, {})  # the errors the record keeps when all pass
+    failed: tuple[str, CorrectnessStatus, str] | None = None
+    closest, closest_ratio = "loss", -1.0
     for quantity, leaves in result.quantities().items():
         tol = tolerances.for_training(quantity, dtype)
         fp64_leaves = fp64.quantities()[quantity] if fp64 is not None else None
@@ -263,15 +283,19 @@ def _judge_trace(
         per_quantity[quantity] = {
             "status": status.value, "reason": why, "errors": errors, "tolerance": tol.to_dict()
         }  # fmt: skip
-        if verdict is None and status is not CorrectnessStatus.PASS:
-            verdict = (status, f"{quantity}: {why}", errors)
+        if failed is None and status is not CorrectnessStatus.PASS:
+            failed = (quantity, status, f"{quantity}: {why}")
         ratio = math.inf if math.isnan(figures.tol_ratio) else figures.tol_ratio
-        if ratio > worst[0]:
-            worst = (ratio, errors)
-    if verdict is None:
-        verdict = (CorrectnessStatus.PASS, f"loss, gradients and parameters after {CHECK_STEPS} steps "
-                   "match the reference", worst[1])  # fmt: skip
-    return verdict[0], verdict[1], verdict[2], per_quantity
+        if ratio > closest_ratio:
+            closest, closest_ratio = quantity, ratio
+    if failed is not None:
+        return TraceVerdict(failed[1], failed[2], failed[0], per_quantity)
+    why = f"loss, gradients and parameters after {CHECK_STEPS} steps match the reference"
+    return TraceVerdict(CorrectnessStatus.PASS, why, closest, per_quantity)
+
+
+def _losses(trace: TrainTrace) -> list[float]:
+    return [float(t) for _, t in trace.loss]
 
 
 def _evaluate_training(
@@ -290,18 +314,9 @@ def _evaluate_training(
         "fp64_reference": "available" if fp64_trace is not None else fp64,
         "random": "dropout on; generator seeded before every step; inductor fallback_random",
     }
+    details["eager_losses"] = _losses(eager)
     if mode is Mode.EAGER:
-        errors: dict[str, float] = {}
-        per_quantity: dict[str, Any] = {}
-        status, why = CorrectnessStatus.PASS, "eager steps ran"
-        if fp64_trace is not None:
-            status, why, errors, per_quantity = _judge_trace(eager, fp64_trace, None, dtype, tolerances)
-            why = f"eager steps ran; against float64 ({status.value}): {why}"
-        details["training"] = per_quantity
-        nan = any(bool(torch.isnan(t).any()) for _, t in eager.loss)
-        final = CorrectnessStatus.FAIL_ACCURACY if nan else CorrectnessStatus.PASS
-        return _record(prepared, mode, final, ("eager loss is NaN; " if nan else "") + why, errors=errors,
-                       details=details)  # fmt: skip
+        return _judge_eager_training(prepared, eager, fp64_trace, dtype, tolerances, details)
     entry = prepared.compiled_mode(mode)
     if entry.failure is not None or not isinstance(entry.fn, TrainStep):
         return _failed(
@@ -313,8 +328,35 @@ def _evaluate_training(
         result = run_trace(entry.fn, entry.inputs)
     except Exception as exc:
         return _failed(prepared, mode, failure_of(exc))
-    status, why, errors, per_quantity = _judge_trace(result, eager, fp64_trace, dtype, tolerances)
-    details["training"] = per_quantity
+    verdict = _judge_trace(result, eager, fp64_trace, dtype, tolerances)
+    details.update(losses=_losses(result), training=verdict.per_quantity)
     if mode in GRACE_MODES:
         details["grace_stats"] = grace_stats.select(grace_stats.snapshot(), entry.grace_keys)
-    return _record(prepared, mode, status, why, errors=errors, details=details)
+    return _record(
+        prepared, mode, verdict.status, verdict.reason, errors=verdict.errors, tolerance=verdict.tolerance,
+        details=details,
+    )  # fmt: skip
+
+
+def _judge_eager_training(
+    prepared: PreparedWorkload,
+    eager: TrainTrace,
+    fp64: TrainTrace | None,
+    dtype: str,
+    tolerances: ToleranceTable,
+    details: dict[str, Any],
+) -> CorrectnessRecord:
+    """Eager is the reference: it passes when its steps run without a NaN loss; its float64 figures
+    are kept (and named in the reason) but do not decide."""
+    errors: dict[str, float] = {}
+    tolerance: dict[str, float] = {}
+    reason = "eager steps ran"
+    if fp64 is not None:
+        verdict = _judge_trace(eager, fp64, None, dtype, tolerances)
+        details["training"] = verdict.per_quantity
+        errors, tolerance = verdict.errors, verdict.tolerance
+        reason += f"; against float64 ({verdict.status.value}): {verdict.reason}"
+    status = CorrectnessStatus.PASS
+    if any(bool(torch.isnan(t).any()) for _, t in eager.loss):
+        status, reason = CorrectnessStatus.FAIL_ACCURACY, f"eager loss is NaN; {reason}"
+    return _record(prepared, Mode.EAGER, status, reason, errors=errors, tolerance=tolerance, details=details)
