@@ -23,7 +23,8 @@ from suites.correctness import evaluate  # noqa: E402
 from suites.harness import PreparedWorkload  # noqa: E402
 from suites.launches import PhaseFacts, phases_from_trace  # noqa: E402
 from suites.modes import Mode  # noqa: E402
-from suites.records import CorrectnessStatus  # noqa: E402
+from suites.performance import PERF_WARMUP_CALLS, measure  # noqa: E402
+from suites.records import CorrectnessStatus, PerformanceStatus  # noqa: E402
 from suites.training import BACKWARD, FORWARD, OPTIMIZER, PHASES, TrainStep, initial_state, run_trace  # noqa: E402
 from suites.workloads import Tag, get, select  # noqa: E402
 
@@ -178,3 +179,45 @@ def test_suites_record_a_training_workload(tmp_path: Path) -> None:
     assert (
         "training" in eager["workload"]["tags"] and eager["details"]["training"]["loss"]["status"] == "pass"
     )
+
+
+def test_performance_times_iterations_with_a_stand_in_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure() on the CPU with the CUDA-only pieces replaced: one sample is one training iteration,
+    and the profile's phases reach the record."""
+    from suites import harness, performance
+    from suites.launches import CallFacts
+
+    facts = CallFacts(kernel_launches=7, graph_launches=0, kernels_in_graphs=0, busy_ms=0.5, kernel_ms=0.4,
+                      memcpy_count=0, memcpy_bytes=0, memset_count=0)  # fmt: skip
+    split = {name: PhaseFacts(i + 1, 0, 0) for i, name in enumerate(PHASES)}
+    monkeypatch.setattr(harness, "synchronize", lambda device: None)
+    monkeypatch.setattr(harness.PreparedWorkload, "_reset_peak", lambda self: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "stand-in GPU")
+    monkeypatch.setattr(performance, "profile_call_phases", lambda call, phases: (call(), (facts, split))[1])
+
+    def fake_timing(calls: dict[str, Any], samples: int, host: dict[str, list[float]]) -> Any:
+        for name, call in calls.items():
+            for _ in range(samples):
+                call()
+            host[name] = [0.5]
+        return {name: [2.0] * samples for name in calls}, {}
+
+    monkeypatch.setattr(performance, "time_interleaved", fake_timing)
+    monkeypatch.setattr(performance, "time_back_to_back", lambda calls, samples, per: ({}, {}))
+    prepared = _prepared(WORKLOAD)
+    try:
+        prepared.device = torch.device("cuda")  # CPU tensors: only the suite's CUDA checks are fooled
+        (record,) = measure(prepared, [Mode.EAGER], 4)
+        step = prepared.compiled[Mode.EAGER].fn
+        assert isinstance(step, TrainStep) and step.steps == 3 + PERF_WARMUP_CALLS + 1 + 4
+        assert record.status is PerformanceStatus.OK and record.median_ms == 2.0
+        assert record.kernel_launches == 7 and record.details["training_iteration"] is True
+        assert record.details["phases"] == {
+            "forward": split[FORWARD].to_dict(),
+            "backward": split[BACKWARD].to_dict(),
+            "optimizer": split[OPTIMIZER].to_dict(),
+        }
+        assert record.details["optimizer"]["kind"] == "sgd" and record.details["set_to_none"] is True
+    finally:
+        prepared.close()
