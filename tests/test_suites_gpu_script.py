@@ -1,5 +1,5 @@
-"""scripts/gpu/run_suites.sh: its parts (two inference halves, training) cover every workload once, and a CPU dry run brings back
-records, a report and the list of what remains."""
+"""scripts/gpu/run_suites.sh: its parts (two inference halves, training) cover every workload once,
+and a CPU dry run brings back records, a report and the list of what remains."""
 
 from __future__ import annotations
 
