@@ -59,6 +59,7 @@ class ToleranceTable:
     workloads: dict[str, dict[str, float]] = field(default_factory=dict)
     comparison: dict[str, float] = field(default_factory=dict)
     eager_rerun: dict[str, float] = field(default_factory=dict)
+    training: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def for_(self, dtype: str, workload: str | None = None) -> Tolerance:
         """Tolerance for outputs of ``dtype`` ("float32", "torch.float32" ...) of ``workload``."""
@@ -68,6 +69,22 @@ class ToleranceTable:
                 f"no tolerance for dtype {name!r} in {TOLERANCES_PATH.name}; add a [dtype.{name}] table"
             )
         values = {**self.dtypes[name], **self.workloads.get(workload or "", {})}
+        return Tolerance(
+            rtol=float(values["rtol"]),
+            atol=float(values["atol"]),
+            fp64_multiplier=float(self.comparison.get("fp64_multiplier", 2.0)),
+            fp64_floor_divisor=float(self.comparison.get("fp64_floor_divisor", 10.0)),
+        )
+
+    def for_training(self, quantity: str, dtype: str) -> Tolerance:
+        """Tolerance for a training ``quantity`` (``loss``, ``grad``, ``param``) computed in ``dtype``."""
+        name = dtype.removeprefix("torch.")
+        values = self.training.get(name, {}).get(quantity)
+        if values is None:
+            raise KeyError(
+                f"no training tolerance for {quantity!r} in {name!r} in {TOLERANCES_PATH.name}; "
+                f"add a [training.{name}.{quantity}] table"
+            )
         return Tolerance(
             rtol=float(values["rtol"]),
             atol=float(values["atol"]),
@@ -91,6 +108,7 @@ def load_tolerances(path: Path | None = None) -> ToleranceTable:
         workloads=dict(data.get("workload", {})),
         comparison=dict(data.get("comparison", {})),
         eager_rerun=dict(data.get("eager_rerun", {})),
+        training=dict(data.get("training", {})),
     )
 
 

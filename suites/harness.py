@@ -9,6 +9,9 @@ workload closes the previous one, which drops its compiled artefacts and frees d
 Invariants:
 - Each compiled mode gets its own deep copy of the model and its own inputs, so a mode that rewrites
   the module (CGCT moves CPU attributes) or writes its inputs cannot leak into another mode.
+- A training workload's mode is a ``suites.training.TrainStep`` over its own deep copy (eager too):
+  one call is one iteration, and compile and warm-up calls are training steps. The timing references
+  are skipped for it (they replay one forward graph).
 - ``compile_s`` is the wall time of the first call (Dynamo + backend compile + one run);
   ``peak_mem_bytes`` is the peak allocated during compile and warm-up above what was allocated before;
   ``calls_peak_mem_bytes`` the peak of the warm-up calls after the first (which compiles, and whose
@@ -39,11 +42,13 @@ from suites.modes import GRACE_MODES, SPECS, Mode, build, reset_compilers, unava
 from suites.raw_graph import ReferenceUnavailable
 from suites.records import CorrectnessStatus
 from suites.tensors import Leaves, clone_inputs, snapshot, to_float64
+from suites.training import TrainStep, is_training
 from suites.workloads import Workload, WorkloadUnavailable
 
 logger = logging.getLogger(__name__)
 
 WARMUP_CALLS = 3  # compile + record + first replay for cudagraph trees
+NO_TRAINING_REFERENCE = "timing references replay one captured forward graph: none exists for a training step"
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ class PreparedWorkload:
     diagnosed: bool = False
     _eager: tuple[Leaves, Leaves] | Failure | None = None
     _fp64: Leaves | str | None = None
+    training_cache: dict[str, Any] = field(default_factory=dict)  # suites.correctness's training references
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -200,19 +206,23 @@ class PreparedWorkload:
             return self.compiled[mode]
         entry = CompiledMode(mode)
         self.compiled[mode] = entry
+        training = is_training(self.workload)
         reason = unavailable_reason(mode, self.device.type)
+        if reason is None and training and SPECS[mode].timing_reference:
+            reason = NO_TRAINING_REFERENCE
         if reason is not None:
             entry.failure = Failure(CorrectnessStatus.SKIP, reason, expected=True)
             return entry
         before = grace_stats.graph_keys() if mode in GRACE_MODES else None
         counters_before = compile_counters()
         try:
-            model = self.model if mode is Mode.EAGER else copy.deepcopy(self.model)
+            # a training step changes its model: every mode, eager included, trains its own copy
+            model = self.model if mode is Mode.EAGER and not training else copy.deepcopy(self.model)
             entry.inputs = clone_inputs(self.inputs)
             synchronize(self.device)
             base = self._reset_peak()
             t0 = time.perf_counter()
-            entry.fn = build(mode, model)
+            entry.fn = TrainStep(mode, model, self.device.type) if training else build(mode, model)
             with torch.no_grad():
                 entry.fn(*entry.inputs)
                 synchronize(self.device)
@@ -255,6 +265,7 @@ class PreparedWorkload:
         self.model = None
         self.inputs = ()
         self._eager = self._fp64 = None
+        self.training_cache.clear()
         try:
             reset_compilers()
         except Exception as exc:  # a broken reset must not fail the next workload's tests

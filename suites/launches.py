@@ -13,6 +13,11 @@ call (CUPTI gives kernels replayed from a graph the correlation id of the launch
 kernel was launched individually. The floor is the union of all device activity intervals (kernels,
 memcpy, memset), so overlapping streams are not double counted.
 
+``phases_from_trace`` splits the same facts by phase: a phase is a profiler range (``record_function``,
+a ``user_annotation`` event) on the host, and a device kernel belongs to the phase whose range holds
+the launch API call it correlates with (by time: a backward's kernels are launched from autograd's own
+thread while the caller's range waits for it). suites.training marks forward, backward and optimizer.
+
 ``profile_steady`` answers the other question, what a call costs when calls follow each other: it
 profiles many back-to-back calls and reports per call the busy time, the kernel and copy time and the
 device's idle time between the first and the last activity (``steady_from_trace``). A floor taken from
@@ -36,6 +41,7 @@ KERNEL_CATEGORIES = frozenset({"kernel"})
 MEMCPY_CATEGORIES = frozenset({"gpu_memcpy"})
 MEMSET_CATEGORIES = frozenset({"gpu_memset"})
 API_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+ANNOTATION_CATEGORIES = frozenset({"user_annotation"})
 GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch")
 
 
@@ -114,6 +120,53 @@ def facts_from_trace(trace: Mapping[str, Any]) -> CallFacts:
         memcpy_bytes=memcpy_bytes,
         memset_count=memset_count,
     )
+
+
+@dataclass(frozen=True)
+class PhaseFacts:
+    """The launch facts of one phase of a call (kernels whose launch happened inside its range)."""
+
+    kernel_launches: int
+    graph_launches: int
+    kernels_in_graphs: int
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def phases_from_trace(trace: Mapping[str, Any], phases: Iterable[str]) -> dict[str, PhaseFacts]:
+    """Per phase name in ``phases``: the kernels launched (alone or in graphs) inside its host range."""
+    names = tuple(phases)
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, Mapping) and e.get("ph") == "X"]
+    ranges = [
+        (str(e.get("name")), float(e.get("ts", 0.0)), float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)))
+        for e in events
+        if e.get("cat") in ANNOTATION_CATEGORIES and e.get("name") in names
+    ]
+
+    def phase_at(ts: float) -> str | None:
+        return next((name for name, start, end in ranges if start <= ts <= end), None)
+
+    counts = {name: [0, 0, 0] for name in names}  # kernel launches, graph launches, kernels in graphs
+    api_phase: dict[Any, str | None] = {}
+    graph_correlations: set[Any] = set()
+    for e in events:
+        correlation = (e.get("args", {}) or {}).get("correlation")
+        if e.get("cat") not in API_CATEGORIES or correlation is None:
+            continue
+        phase = api_phase[correlation] = phase_at(float(e.get("ts", 0.0)))
+        if str(e.get("name", "")).startswith(GRAPH_LAUNCH_PREFIXES):
+            graph_correlations.add(correlation)
+            if phase is not None:
+                counts[phase][1] += 1
+    for e in events:
+        args = e.get("args", {}) or {}
+        phase = api_phase.get(args.get("correlation"))
+        if e.get("cat") not in KERNEL_CATEGORIES or phase is None:
+            continue
+        in_graph = _graph_tagged(args) or args.get("correlation") in graph_correlations
+        counts[phase][2 if in_graph else 0] += 1
+    return {name: PhaseFacts(*values) for name, values in counts.items()}
 
 
 @dataclass(frozen=True)
@@ -196,8 +249,7 @@ def profile_steady(call: Callable[[], Any], calls: int = 20) -> SteadyFacts:
     return steady_from_trace(_trace_of(run, [ProfilerActivity.CUDA]), calls)
 
 
-def profile_call(call: Callable[[], Any]) -> CallFacts:
-    """Run ``call`` once under the profiler (CUDA must be available) and return its facts."""
+def _profiled_once(call: Callable[[], Any]) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -206,4 +258,17 @@ def profile_call(call: Callable[[], Any]) -> CallFacts:
         torch.cuda.synchronize()
 
     torch.cuda.synchronize()
-    return facts_from_trace(_trace_of(run, [ProfilerActivity.CPU, ProfilerActivity.CUDA]))
+    return _trace_of(run, [ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+def profile_call(call: Callable[[], Any]) -> CallFacts:
+    """Run ``call`` once under the profiler (CUDA must be available) and return its facts."""
+    return facts_from_trace(_profiled_once(call))
+
+
+def profile_call_phases(
+    call: Callable[[], Any], phases: Iterable[str]
+) -> tuple[CallFacts, dict[str, PhaseFacts]]:
+    """``profile_call`` plus the facts of each of ``phases`` in the same trace."""
+    trace = _profiled_once(call)
+    return facts_from_trace(trace), phases_from_trace(trace, phases)

@@ -12,6 +12,10 @@ copied per replay: for PyTorch2-CG modes the device bytes of the non-static (use
 call replayed a graph (cudagraph trees copy each into its static placeholder), for grace modes the
 ``copy_bytes_per_replay`` grace.stats reports for the mode's own graphs; modes that replay no graph
 have none. Speedups are not computed here: the report derives them from records of the same run.
+A training workload's callable is a ``suites.training.TrainStep``: one sample is one iteration
+(forward, backward, optimizer step; the model's state moves on with every call, which timing does not
+mind), its profile counts the kernels of the whole iteration and ``details.phases`` splits them into
+forward, backward and optimizer.
 
 Invariant: on a machine without CUDA every mode is recorded as ``skip`` with reason "no CUDA device":
 CPU timings of GPU-oriented modes would mean nothing.
@@ -29,12 +33,13 @@ import torch
 
 from suites import grace_stats
 from suites.harness import CompiledMode, Failure, PreparedWorkload, describe
-from suites.launches import CallFacts, profile_call
+from suites.launches import CallFacts, profile_call, profile_call_phases
 from suites.modes import GRACE_MODES, Mode, override_details
 from suites.raw_graph import RawGraph
 from suites.records import CorrectnessStatus, PerformanceRecord, PerformanceStatus
 from suites.tensors import device_input_bytes
 from suites.timing import time_back_to_back, time_interleaved
+from suites.training import PHASES, TrainStep
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +109,14 @@ def _measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) ->
             continue
         ready[mode] = entry
     facts: dict[Mode, CallFacts | str] = {}
+    phases: dict[Mode, dict[str, Any]] = {}
     for mode, entry in ready.items():
         try:
-            facts[mode] = profile_call(_bound(entry))
+            if isinstance(entry.fn, TrainStep):
+                facts[mode], split = profile_call_phases(_bound(entry), PHASES)
+                phases[mode] = {name.removeprefix("train."): f.to_dict() for name, f in split.items()}
+            else:
+                facts[mode] = profile_call(_bound(entry))
         except Exception as exc:  # the timing is still worth having
             facts[mode] = f"profiler: {describe(exc, 500)}"
             logger.warning("profiling %s/%s failed: %s", prepared.workload.name, mode.value, facts[mode])
@@ -122,6 +132,10 @@ def _measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) ->
         done[mode] = record = _record(
             prepared, mode, entry, facts[mode], timings[mode.value], errors.get(mode.value), snapshot, samples
         )
+        if isinstance(entry.fn, TrainStep):
+            record.details.update(entry.fn.details(), training_iteration=True)
+            if mode in phases:
+                record.details["phases"] = phases[mode]
         if host.get(mode.value):
             record.details["host_ms_median"] = statistics.median(host[mode.value])
         if b2b.get(mode.value):

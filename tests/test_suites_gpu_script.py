@@ -1,5 +1,5 @@
-"""scripts/gpu/run_suites.sh: its two parts cover every workload once, and a CPU dry run brings back
-records, a report and the list of what remains."""
+"""scripts/gpu/run_suites.sh: its parts (two inference halves, training) cover every workload once,
+and a CPU dry run brings back records, a report and the list of what remains."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def part(name: str) -> list[str]:
 
 
 def test_parts_cover_every_workload_once() -> None:
-    one, two = part("PART1"), part("PART2")
-    assert sorted(one + two) == sorted(registry.names())
+    one, two, train = part("PART1"), part("PART2"), part("PART_TRAIN")
+    assert sorted(one + two + train) == sorted(registry.names())
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash")

@@ -2,11 +2,12 @@
 # Run the correctness and performance suites (standard tier, every mode) on one GPU, record them into a
 # SQLite store through the recorder, and bring back the store, its export, the report and the logs.
 #
-# usage: scripts/gpu/run_suites.sh [--part 1|2|all] [--workloads GLOBS] [--tier standard]
+# usage: scripts/gpu/run_suites.sh [--part 1|2|train|all] [--workloads GLOBS] [--tier standard]
 #                                  [--modes all] [--samples 30] [--budget-s 390] [--hard-limit-s 510]
 #                                  [--cell current] [--label LABEL] [--grace-option KEY=VALUE]...
 #
-#   --part 1|2     the two halves of the workload list (cheap ones first in each); default: all
+#   --part 1|2     the two halves of the inference workload list (cheap ones first in each); default: all
+#   --part train   the training workloads (*_train: one call is a forward, backward and optimizer step)
 #   --workloads    comma list of name globs; overrides --part (e.g. the list in a previous remaining.txt)
 #   --budget-s     no new workload starts after this many seconds of pytest (a started one finishes)
 #   --grace-option a GraceOptions field for every grace mode (repeatable; recorded in the records'
@@ -42,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --cell) CELL="$2"; shift 2 ;;
     --label) LABEL="$2"; shift 2 ;;
     --grace-option) GRACE_OPTS+=(--grace-option "$2"); shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "run_suites: unknown argument $1 (see --help)"; exit 2 ;;
   esac
 done
@@ -54,12 +55,16 @@ PART1+=",llm_decode_static_kv,XLNetLMHeadModel,MT5ForConditionalGeneration"
 PART2="speech_transformer,MobileBertForQuestionAnswering,DebertaV2ForQuestionAnswering"
 PART2+=",DebertaForQuestionAnswering,BlenderbotSmallForConditionalGeneration,DistilGPT2"
 PART2+=",lcnet_050,densenet121,alexnet,fasterrcnn_mobilenet_v3_large_320_fpn"
+PART_TRAIN="nvidia_deeprecommender_train,dcgan_train,DistilGPT2_train,BertForMaskedLM_train"
+PART_TRAIN+=",XLNetLMHeadModel_train,DebertaForMaskedLM_train,BlenderbotSmallForConditionalGeneration_train"
+PART_TRAIN+=",MT5ForConditionalGeneration_train,DistilGPT2_train_amp,BertForMaskedLM_train_amp"
 if [[ -z "$WORKLOADS" ]]; then
   case "$PART" in
     1) WORKLOADS="$PART1" ;;
     2) WORKLOADS="$PART2" ;;
+    train) WORKLOADS="$PART_TRAIN" ;;
     all) WORKLOADS="*" ;;
-    *) echo "run_suites: --part must be 1, 2 or all"; exit 2 ;;
+    *) echo "run_suites: --part must be 1, 2, train or all"; exit 2 ;;
   esac
 fi
 

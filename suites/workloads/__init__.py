@@ -25,7 +25,8 @@ from suites.workloads.registry import (
 )
 
 # Registration order is run order: cheap workloads first, so a time-boxed run completes as many as it can.
-MODULES = ("synthetic", "pyhpc", "recsys", "llm", "speech", "hf", "vision")
+# Training workloads come last: they reuse the inference workloads registered before them.
+MODULES = ("synthetic", "pyhpc", "recsys", "llm", "speech", "hf", "vision", "training")
 for _module in MODULES:
     importlib.import_module(f"suites.workloads.{_module}")
 

@@ -60,6 +60,7 @@ class Tag(str, enum.Enum):
     LLM = "llm"
     SPEECH = "speech"
     SYNTHETIC = "synthetic"
+    TRAINING = "training"  # one call is a training iteration: forward, backward, optimizer step
 
 
 class WorkloadError(LookupError):
