@@ -1,7 +1,8 @@
-"""Hoisted CPU inputs on a CUDA device (Note: [A fixed home for hoisted inputs] in grace.cgct.adapter):
+"""Hoisted CPU inputs on a CUDA device (Note: [A fixed home for hoisted inputs] in grace.cgct.hoist):
 a graph with several CPU scalar inputs keeps its graph, reads each call's values from one fixed home,
 and an output that is a hoisted input keeps its value after later calls, as in eager. Every call is
-compared with eager (float64, or float32 where a graph needs float32 scalars). All tests carry the ``gpu`` marker."""
+compared with eager (float64, or float32 where a graph needs float32 scalars). All tests carry the
+``gpu`` marker."""
 
 from __future__ import annotations
 
