@@ -40,12 +40,14 @@ from matrix.regressions import loader, logical, pairwise, report, status
 from matrix.regressions.observations import (
     PASSING_STATUS,
     RUN_SUBJECT,
+    SKIP_STATUS,
     TEST_FAILURES,
     Suite,
     natural_key,
 )
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
+from matrix.statuses import read_status
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
 from suites.records import PIStage
 
@@ -237,15 +239,15 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
             columns.append(PerformanceResult.median_ms)
         stmt = select(*columns).join(Workload, model.workload_pk == Workload.id).order_by(model.id)
         for row in session.execute(stmt):
-            run_pk, status = cast(int, row[0]), cast(str, row[3])
+            run_pk, status = cast(int, row[0]), read_status(cast(str, row[3]))
             median = row[4] if len(row) > 4 else None
             rows[run_pk].append([suite, row[1], row[2], status, median])
             total += 1
     stmt_pi = select(
         PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status
     ).order_by(PIStageResult.id)
-    for run_pk, subject, stage, status in session.execute(stmt_pi):
-        rows[run_pk].append(["pi", subject, stage, status, None])
+    for run_pk, subject, stage, pi_status in session.execute(stmt_pi):
+        rows[run_pk].append(["pi", subject, stage, read_status(pi_status), None])
         total += 1
     digests = []
     for run in runs:
@@ -349,7 +351,7 @@ def _pi_rows(
             ident, {"cells": {run.cell_id}, "stages": defaultdict(Counter), "failures": []}
         )
         entry["stages"][row.stage][row.status] += 1
-        if row.status != PASSING_STATUS[Suite.PI] and row.status != "skip":
+        if row.status not in (PASSING_STATUS[Suite.PI], SKIP_STATUS):
             entry["failures"].append(
                 PIFailure(run.cell_id, run.uid, row.subject, row.stage, row.status, row.message, row.nodeid)
             )

@@ -7,7 +7,8 @@ its own, two pages can show two different "latest" runs of one cell, or the same
 Design: one module owns the three things every reader needs.
 - Identity: ``RunInfo`` is a run with its cell's environment (uid, label, cell key, display name, index
   anchor, short sha, start and end); the store's status string becomes a ``RunStatus`` here, at the boundary.
-  ``load_runs`` reads every run, oldest first.
+  ``load_runs`` reads every run, oldest first. A result's status text becomes a ``ResultStatus`` where
+  results are read (matrix.statuses).
 - Logical runs (``group_runs``): the runs of one cell key (a matrix cell id on one GPU) that share a
   non-empty label are one run, whose results are, per key, those of the latest member that recorded it
   (``owners``, ``merge_latest``, ``merge_owned``). A GPU lease is cut into several calls, so one night

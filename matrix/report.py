@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from matrix import readmodel
 from matrix.readmodel import RunInfo
+from matrix.statuses import ResultStatus, read_status
 from matrix.store.models import CorrectnessResult, PerformanceResult, Workload
 from matrix.text import markdown_text, one_line
 from suites.options import MODE_NAMES
@@ -65,8 +66,8 @@ class ReportRow:
     workload: str
     tier: str
     mode: str
-    status: str | None  # the correctness verdict; the performance status when there is none
-    perf_status: str | None
+    status: ResultStatus | None  # the correctness verdict; the performance status when there is none
+    perf_status: ResultStatus | None
     reason: str | None
     median_ms: float | None
     floor_ms: float | None
@@ -213,8 +214,8 @@ def _row(
         workload=workload,
         tier=tier,
         mode=mode,
-        status=status,
-        perf_status=perf.status if perf is not None else None,
+        status=read_status(status),
+        perf_status=read_status(perf.status) if perf is not None else None,
         reason=reason,
         median_ms=median,
         floor_ms=perf.floor_ms if perf is not None else None,

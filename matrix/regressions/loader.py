@@ -35,6 +35,7 @@ from matrix.regressions.observations import (
 )
 from matrix.regressions.pairwise import PerfKey
 from matrix.regressions.status import Expectation
+from matrix.statuses import ResultStatus, read_status
 from matrix.store.models import (
     CorrectnessResult,
     ExpectedStatus,
@@ -69,7 +70,7 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
             )
             for run_pk, name, mode, status, nodeid, reason in session.execute(stmt):
                 found[run_pk].append(
-                    Observation(ResultKey(suite, name, mode), status, nodeid or "", reason or "")
+                    Observation(ResultKey(suite, name, mode), _status(status), nodeid or "", reason or "")
                 )
         pi = (
             select(
@@ -85,7 +86,7 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
         )
         for run_pk, subject, stage, status, nodeid, message in session.execute(pi):
             found[run_pk].append(
-                Observation(ResultKey(Suite.PI, subject, stage), status, nodeid or "", message or "")
+                Observation(ResultKey(Suite.PI, subject, stage), _status(status), nodeid or "", message or "")
             )
         _load_test_observations(session, chunk, found)
     return dict(found)
@@ -107,12 +108,17 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
     )
     for run_pk, record_key, outcome, nodeid, message in session.execute(outcomes):
         key = ResultKey(Suite.TESTS, record_key, TEST_MODE)
-        found[run_pk].append(Observation(key, outcome, nodeid or record_key, message or ""))
+        found[run_pk].append(Observation(key, _status(outcome), nodeid or record_key, message or ""))
     silent = (RunStatus.COMPLETE.value, RunStatus.RUNNING.value)  # no verdict of the run itself
     runs = select(Run.id, Run.status, Run.message).where(Run.id.in_(chunk), Run.status.not_in(silent))
     for run_pk, status, message in session.execute(runs):
         key = ResultKey(Suite.TESTS, RUN_SUBJECT, TEST_MODE)
-        found[run_pk].append(Observation(key, status, "", message or f"the run ended {status}"))
+        found[run_pk].append(Observation(key, _status(status), "", message or f"the run ended {status}"))
+
+
+def _status(text: str | None) -> ResultStatus:
+    """The stored status as the detectors judge it (unknown or missing text: ``OTHER``, a failure)."""
+    return read_status(text) or ResultStatus.OTHER
 
 
 def _median(samples: Any) -> float | None:
@@ -240,7 +246,7 @@ class PIRow:
     run_pk: int
     subject: str
     stage: str
-    status: str
+    status: ResultStatus
     message: str
     triton_version: str | None
     nodeid: str
@@ -267,7 +273,14 @@ def load_pi_rows(session: Session, run_pks: Collection[int]) -> list[PIRow]:
         for run_pk, subject, stage, status, message, triton, nodeid, details in session.execute(stmt):
             rows.append(
                 PIRow(
-                    run_pk, subject, stage, status, message or "", triton, nodeid or "", dict(details or {})
+                    run_pk,
+                    subject,
+                    stage,
+                    _status(status),
+                    message or "",
+                    triton,
+                    nodeid or "",
+                    dict(details or {}),
                 )
             )
     return rows

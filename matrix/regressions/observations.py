@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from matrix.statuses import ResultStatus
+
 
 class Suite(str, enum.Enum):
     CORRECTNESS = "correctness"
@@ -31,13 +33,13 @@ class Suite(str, enum.Enum):
 
 
 # The status each suite writes for a result that is fine; anything else is a failure except SKIP_STATUS.
-PASSING_STATUS: dict[Suite, str] = {
-    Suite.CORRECTNESS: "pass",
-    Suite.PERFORMANCE: "ok",
-    Suite.PI: "pass",
-    Suite.TESTS: "passed",
+PASSING_STATUS: dict[Suite, ResultStatus] = {
+    Suite.CORRECTNESS: ResultStatus.PASS,
+    Suite.PERFORMANCE: ResultStatus.OK,
+    Suite.PI: ResultStatus.PASS,
+    Suite.TESTS: ResultStatus.PASSED,
 }
-SKIP_STATUS = "skip"
+SKIP_STATUS = ResultStatus.SKIP
 
 # Note: [Every outcome reaches a verdict]
 # A test that fails or errors (in setup, call or teardown, or with its worker) before it records the
@@ -52,7 +54,7 @@ SKIP_STATUS = "skip"
 # MISSING in this suite: a test that stops failing leaves no row behind.
 TEST_MODE = "pytest"
 RUN_SUBJECT = "<run>"
-TEST_FAILURES = frozenset({"failed", "error", "crashed"})
+TEST_FAILURES = frozenset({ResultStatus.FAILED, ResultStatus.ERROR, ResultStatus.CRASHED})
 
 
 @dataclass(frozen=True, order=True)
@@ -70,7 +72,7 @@ class Observation:
     """The status of one result of one run, with the pytest node id and the message that explains it."""
 
     key: ResultKey
-    status: str
+    status: ResultStatus  # read from the stored text (matrix.statuses.read_status)
     nodeid: str = ""
     message: str = ""
 
