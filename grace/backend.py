@@ -379,8 +379,7 @@ class GuardedRunner:
         return out
 
     def _fall_back(self, reason: SkipReason, graph_hash: str, device: str, callable_id: int = 0) -> None:
-        record = grace_stats.new_record(callable_id, graph_hash, "*", device)
-        record.variant = Variant.NO_GRAPH
+        record = grace_stats.new_record(callable_id, graph_hash, "*", device, Variant.NO_GRAPH)
         record.add_skip(reason)
         self.record, self.reason = record, reason
         log_once(reason, f"compiled graph {graph_hash}", logging.WARNING)
