@@ -195,18 +195,20 @@ class _PackedLayout:
         self.rows = self.offsets[1] - self.offsets[0] if uniform and len(shapes) > 1 else 0
         self._host: dict[int, list[torch.Tensor]] = {}
         self._home: tuple[torch.Tensor, Sequence[torch.Tensor]] | None = None
-        self.home_storage = 0
         self.home_confirmed = False  # a call's outputs were seen and none lived in the home
 
     def home(self, device: torch.device) -> tuple[torch.Tensor, Sequence[torch.Tensor]]:
         """The device buffer this layout's tensors are copied into on every call, and its views (the
         inputs the graph gets), made on first use (Note: [A fixed home for hoisted inputs])."""
         if self._home is None:
-            dtype = self._dtype
-            buffer = torch.empty(self.total, dtype=dtype, device=device)
+            buffer = torch.empty(self.total, dtype=self._dtype, device=device)
             self._home = (buffer, tuple(self.device_views(buffer)))
-            self.home_storage = int(buffer.untyped_storage().data_ptr())
         return self._home
+
+    @property
+    def home_storage(self) -> int | None:
+        """The address of the home's storage (None before it is made)."""
+        return None if self._home is None else int(self._home[0].untyped_storage().data_ptr())
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor], dtype: torch.dtype) -> _PackedLayout:
