@@ -15,8 +15,8 @@ with static placeholders must do at the least). The performance suite times ``ti
 replay, not the Python wrapper around it.
 
 Invariants: a replay is never handed inputs it does not read: ``raw-graph`` refuses a call whose
-tensor arguments are not the ones it was captured on (``__call__`` checks identity; the timed call is
-only built for the captured inputs); a callable that cannot be captured (a CPU op, a synchronisation)
+tensor arguments are not the ones it was captured on (``timed_call``, which ``__call__`` goes through
+too, checks identity); a callable that cannot be captured (a CPU op, a synchronisation)
 raises ``ReferenceUnavailable``, recorded as a skip with its reason, never as a result.
 """
 
@@ -50,13 +50,7 @@ class RawGraph:
             if self.calls <= WARMUP_CALLS:
                 return self.fn(*args)
             self._capture(args)
-        if self.copy_inputs:
-            for i, placeholder in self._pairs:
-                placeholder.copy_(args[i])
-        elif any(a is not c for a, c in zip(args, self._captured, strict=True)):
-            raise ReferenceUnavailable("raw-graph replays on the inputs it was captured on only")
-        assert self.graph is not None
-        self.graph.replay()
+        self.timed_call(args)()
         return self.outputs
 
     def timed_call(self, args: Sequence[Any]) -> Callable[[], Any]:
