@@ -243,14 +243,10 @@ def _against_reference(
     return dataclasses.replace(
         row,
         b2b_ms=b2b_ms,
-        vs_raw=_ratio_f(row.median_ms, raw_ms),
-        b2b_vs_raw=_ratio_f(b2b_ms, raw_b2b_ms),
+        vs_raw=_ratio(row.median_ms, raw_ms),
+        b2b_vs_raw=_ratio(b2b_ms, raw_b2b_ms),
         host_overhead_us=overhead,
     )
-
-
-def _ratio_f(value: float | None, reference: float | None) -> float | None:
-    return value / reference if value is not None and reference else None
 
 
 def _details_float(result: CorrectnessResult | PerformanceResult | None, key: str) -> float | None:
@@ -269,8 +265,8 @@ def _calls_peak(results: dict[str, Any]) -> int | None:
     return None
 
 
-def _ratio(value: int | None, baseline: int | None) -> float | None:
-    """``value / baseline``; None without both, or with a baseline of 0 bytes."""
+def _ratio(value: float | None, baseline: float | None) -> float | None:
+    """``value / baseline``; None without both, or with a baseline of 0 (bytes or ms)."""
     if value is None or not baseline:
         return None
     return value / baseline
