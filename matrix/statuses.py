@@ -22,7 +22,18 @@ from __future__ import annotations
 import enum
 
 
-class ResultStatus(str, enum.Enum):
+class StoredText(str, enum.Enum):
+    """An enum of texts the store keeps: a member prints as its stored value (Python 3.11 would print
+    ``Class.NAME``), in text, templates and format specs alike."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class ResultStatus(StoredText):
     PASS = "pass"  # correctness, PI stage
     OK = "ok"  # performance
     SKIP = "skip"
@@ -41,12 +52,6 @@ class ResultStatus(str, enum.Enum):
     RUNNING = "running"  # a run's end not recorded (yet)
     COMPLETE = "complete"
     OTHER = "other"  # text no writer of this version records: judged a failure
-
-    def __str__(self) -> str:  # as stored, in text and templates (Python 3.11 would give the name)
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 _BY_VALUE = {member.value: member for member in ResultStatus}

@@ -21,7 +21,6 @@ Invariants:
 from __future__ import annotations
 
 import datetime as dt
-import enum
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
@@ -29,6 +28,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from matrix.statuses import StoredText
 from matrix.text import store_text, store_value
 
 
@@ -89,18 +89,12 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSONObject, list[Any]: JSONList, str: CleanText}
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(StoredText):
     RUNNING = "running"
     COMPLETE = "complete"  # the suites finished (tests may have failed; see the results)
     FAILED = "failed"  # the suites could not be run (collection or usage error)
     CRASHED = "crashed"  # the process died; everything recorded before is kept
     INSTALL_FAILED = "install_failed"  # the cell's environment could not be built
-
-    def __str__(self) -> str:  # as stored, in text and templates (Python 3.11 would give the name)
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class Cell(Base):
