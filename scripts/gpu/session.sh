@@ -9,6 +9,7 @@
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
 #   probe       scripts/gpu/probe.py $GRACE_PROBE_ARGS (peak memory per call and mode, host time per call)
 #   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
+#   timeline    scripts/gpu/call_timeline.py $GRACE_TIMELINE_ARGS (a synchronised call's device timeline)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 #   fuzz        the differential fuzzer (pytest suites/fuzz -m fuzz) for SECONDS less 90 (start-up, the
 #               last case, the export), recorded into its own store: fuzz-export.jsonl (the fuzz record
@@ -65,6 +66,10 @@ for spec in "${STEPS[@]}"; do
         --deadline-s "$((limit - 40))" ${GRACE_PROBE_ARGS:-} ;;
     layers)
       timeout -s INT -k 20 "$limit" python scripts/gpu/host_layers.py --out "$OUT/layers" ;;
+    timeline)
+      # shellcheck disable=SC2086  # GRACE_TIMELINE_ARGS holds several words on purpose
+      timeout -s INT -k 20 "$limit" python scripts/gpu/call_timeline.py --out "$OUT/timeline" \
+        ${GRACE_TIMELINE_ARGS:-} ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
     fuzz)
