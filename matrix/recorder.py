@@ -18,6 +18,8 @@ Invariants:
   A failing outcome's message starts with its phase (``call: ...``, ``teardown: ...``, ``worker: ...``):
   a test that fails without recording a result is judged from this row alone (the ``tests`` suite,
   Note: [Every outcome reaches a verdict] in matrix.regressions.observations).
+- A test that started and settled no outcome before the session ended (an interrupt, a fatal error)
+  is recorded ``error`` with a message starting ``interrupted:``, and the run's message names it.
 - A record is keyed ``<nodeid>#<n>``, n its position among the test's records; a key is written once.
 - A report that cannot be written (after retries) is counted, logged and reported at session end
   (the run's message says how many); it never stops the test session. A record field the schema has no
@@ -144,6 +146,7 @@ class Recorder:
         self.run_uid = run_uid
         self.cell_id = cell_id
         self.tests: dict[str, _TestState] = {}
+        self.started: set[str] = set()  # tests whose run began and has not finished (pytest's logstart)
         self.workloads: dict[tuple[str, str], int] = {}
         self.outcomes_written = 0
         self.records_written = 0
@@ -177,6 +180,12 @@ class Recorder:
     # -- pytest hooks -------------------------------------------------------------------------------
 
     @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self.started.add(nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self.started.discard(nodeid)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._write_report(report.nodeid, report, _phase_outcome(report))
 
@@ -194,6 +203,9 @@ class Recorder:
             status, message = RunStatus.COMPLETE, _COMPLETE_EXIT[exit_code]
         else:
             status, message = RunStatus.FAILED, f"pytest exited with {exit_code.name if exit_code else code}"
+            unfinished = self._record_unfinished(message)
+            if unfinished:
+                message += f"; {len(unfinished)} test(s) did not finish, first: {unfinished[0]}"
         problems = []
         if self.failures:
             problems.append(
@@ -247,8 +259,25 @@ class Recorder:
             state.message = _message_of(report, outcome) if not problems else state.message
             if outcome in _FAILURES:  # which phase failed, for every reader (Note: [Every outcome ...])
                 state.message = f"{_phase_of(report)}: {state.message or 'no message'}"
-        if not changed and not records:
-            return
+        if changed or records:
+            self._store(nodeid, state, changed, records)
+
+    def _record_unfinished(self, ending: str) -> list[str]:
+        """The tests that started but never settled an outcome before the session ended (an interrupt,
+        a fatal error), each recorded as ``error`` with a message saying so; their node ids, sorted."""
+        unfinished = sorted(n for n in self.started if self.tests.get(n, _TestState()).outcome is None)
+        for nodeid in unfinished:
+            state = self.tests.setdefault(nodeid, _TestState())
+            state.outcome = "error"
+            state.message = f"interrupted: the session ended ({ending}) before this test finished"
+            self._store(nodeid, state, True, [])
+        return unfinished
+
+    def _store(
+        self, nodeid: str, state: _TestState, changed: bool, records: list[tuple[int, Record]]
+    ) -> None:
+        """Write the test's outcome (when ``changed``) and its new records in one transaction, retried
+        while the database is busy."""
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
                 with self.Session.begin() as db:

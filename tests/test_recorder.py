@@ -130,7 +130,7 @@ def test_killed_process_keeps_its_rows_and_is_marked_crashed(tmp_path) -> None:
     def test_b_dies():
         os.kill(os.getpid(), signal.SIGKILL)
     """
-    proc, url = run_pytest(tmp_path, suite, "-p", "no:randomly")
+    proc, url = run_pytest(tmp_path, suite)
     assert proc.returncode == -9
     Session = open_store(url)
     with Session.begin() as s:
@@ -225,6 +225,33 @@ def test_collection_error_is_recorded(tmp_path) -> None:
         assert outcome.outcome == "error" and "not_a_module_anywhere" in outcome.message
         run = s.scalars(select(Run)).one()
         assert run.status == "failed" and run.exit_code == 2
+
+
+def test_interrupted_session_records_the_test_it_stopped_in(tmp_path) -> None:
+    suite = """
+    def test_a_passes():
+        pass
+
+    def test_b_interrupted():
+        raise KeyboardInterrupt
+
+    def test_c_never_started():
+        pass
+    """
+    proc, url = run_pytest(tmp_path, suite)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    with open_store(url)() as s:
+        rows = {o.record_key.split("::")[1]: o for o in s.scalars(select(Outcome))}
+        assert {k: v.outcome for k, v in rows.items()} == {
+            "test_a_passes": "passed",
+            "test_b_interrupted": "error",
+        }
+        assert rows["test_b_interrupted"].message.startswith("interrupted: the session ended (pytest exited")
+        run = s.scalars(select(Run)).one()
+        assert run.status == "failed" and "INTERRUPTED" in run.message
+        assert run.message.endswith(
+            "1 test(s) did not finish, first: suite/test_generated.py::test_b_interrupted"
+        )
 
 
 def test_corrupt_store_is_one_usage_error(tmp_path) -> None:
