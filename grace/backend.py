@@ -31,16 +31,17 @@ from typing import Any
 
 import torch
 
-from grace import stats as grace_stats
 from grace.adapting import InputAdapting
 from grace.analysis import InputAnalysis, analyze_inputs, graph_effects
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
+from grace.compat.aot import GraphRole, InnerGraph
+from grace.guard import CountedCallable, GuardedRunner, SafePath
 from grace.options import GraceOptions, GraceOptionsError
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.runner import Environment, GraceRunner, RunnerPlan
-from grace.scg import Variant
 from grace.seams import load_seam
+from grace.training import InnerFacts, TrainingGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class CompiledGraphInfo:
     pi_note: SkipReason | None
     diagnoses: list[Any] = field(default_factory=list)
     mutated_inputs: tuple[int, ...] = ()
+    role: str = "inference"  # grace.compat.aot.GraphRole: a training graph's forward or backward
 
 
 _collectors: list[list[CompiledGraphInfo]] = []
@@ -224,19 +226,53 @@ def compile_graph(
 
 def _compile_stage(stage: _Stage, options: GraceOptions, eager: Callable[..., Any]) -> Callable[..., Any]:
     gm, example_inputs = stage.gm, stage.example_inputs
-    try:
-        graph_hash = torch_compat.graph_code_hash(gm)
-    except Exception as exc:  # a hash only names the graph: any stable text will do
-        logger.debug("grace: hashing the graph failed", exc_info=exc)
-        graph_hash = f"unhashed-{id(gm):x}"
     facts = _analyse(gm, example_inputs, options)
-    analysis, skip = facts.analysis, facts.analysis.skip
-    pi_prepare, pi_note = _pi_seam(skip, options)
+    pi_prepare, pi_note = _pi_seam(facts.analysis.skip, options)
+    training = _training_hook(facts, options)
+    if training is not None:
+        reason = SkipReason(
+            SkipCode.AUTOGRAD,
+            "needs autograd: the forward and backward graphs AOTAutograd compiles get runners of their "
+            "own (grace.training)",
+        )
+        facts = _Facts(dataclasses.replace(facts.analysis, skip=reason), facts.mutated, facts.random_ops)
     record = torch_compat.InnerCompileRecord()
     compiled = torch_compat.compile_with_inductor(
-        gm, example_inputs, record, need_inner_outputs=pi_prepare is not None
+        gm, example_inputs, record, need_inner_outputs=pi_prepare is not None, on_graph=training
     )
-    counted = CountedCallable(compiled)
+    unit = _Unit(gm, example_inputs, compiled, facts, pi_prepare, pi_note, tuple(record.output_codes))
+    return _guarded(unit, stage, options, eager)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One compiled graph and what the backend learned of it, ready for a runner."""
+
+    gm: torch.fx.GraphModule
+    example_inputs: Sequence[Any]
+    compiled: Callable[..., Any]
+    facts: _Facts
+    pi_prepare: Any
+    pi_note: SkipReason | None
+    output_codes: tuple[Any, ...]
+    role: GraphRole = GraphRole.INFERENCE
+    kept_from: int | None = None
+
+
+def _graph_hash(gm: torch.fx.GraphModule) -> str:
+    try:
+        return torch_compat.graph_code_hash(gm)
+    except Exception as exc:  # a hash only names the graph: any stable text will do
+        logger.debug("grace: hashing the graph failed", exc_info=exc)
+        return f"unhashed-{id(gm):x}"
+
+
+def _guarded(unit: _Unit, stage: _Stage, options: GraceOptions, eager: Callable[..., Any]) -> GuardedRunner:
+    """The unit's runner behind its guard, published for ``grace.explain``."""
+    graph_hash = _graph_hash(unit.gm)
+    facts = unit.facts
+    analysis, skip = facts.analysis, facts.analysis.skip
+    counted = CountedCallable(unit.compiled)
     plan = RunnerPlan(
         graph_hash=graph_hash,
         device=analysis.device,
@@ -245,11 +281,13 @@ def _compile_stage(stage: _Stage, options: GraceOptions, eager: Callable[..., An
         scalar_indices=analysis.scalar_indices,
         mutated_indices=facts.mutated,
         skip=skip,
-        output_codes=tuple(record.output_codes),
+        output_codes=unit.output_codes,
         input_adapter=stage.adapter,
-        pi_prepare=pi_prepare,
-        pi_unavailable=pi_note,
+        pi_prepare=unit.pi_prepare,
+        pi_unavailable=unit.pi_note,
         random_ops=facts.random_ops,
+        role=unit.role,
+        kept_from=unit.kept_from,
     )
     safe = SafePath(counted, stage.adapter, eager)
     try:
@@ -264,130 +302,61 @@ def _compile_stage(stage: _Stage, options: GraceOptions, eager: Callable[..., An
         CompiledGraphInfo(
             callable_id=runner.callable_id,
             graph_hash=graph_hash,
-            num_nodes=len(gm.graph.nodes),
-            num_inputs=len(example_inputs),
+            num_nodes=len(unit.gm.graph.nodes),
+            num_inputs=len(unit.example_inputs),
             static_inputs=len(analysis.static_indices),
             dynamic_inputs=len(analysis.dynamic_indices),
             skip=skip,
             cgct_transformed=stage.transformed,
             cgct_note=stage.note,
-            pi_note=pi_note,
+            pi_note=unit.pi_note,
             diagnoses=stage.diagnoses,
             mutated_inputs=facts.mutated,
+            role=unit.role.value,
         )
     )
     return GuardedRunner(runner, safe)
 
 
-class CountedCallable:
-    """``fn`` counting its calls (a plain counter: another thread's call only makes it more cautious)."""
-
-    __slots__ = ("calls", "fn")
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.calls = 0
-
-    def __call__(self, *args: Any) -> Any:
-        self.calls += 1
-        return self.fn(*args)
+# --- training graphs (grace.training) ------------------------------------------------------
 
 
-class SafePath:
-    """One graph without grace's runtime: Inductor's callable on the adapted inputs, or Dynamo's graph
-    run eagerly when the CGCT adapter itself raises."""
+def _training_hook(facts: _Facts, options: GraceOptions) -> TrainingGraphs | None:
+    """The inner-compile hook that gives a graph needing autograd runners for its forward and backward
+    graphs, or None (another reason declined the graph, or option ``training`` is off)."""
+    skip = facts.analysis.skip
+    if skip is None or skip.code is not SkipCode.AUTOGRAD or not options.training:
+        return None
 
-    def __init__(
-        self,
-        compiled: CountedCallable,
-        adapter: InputAdapting | None,
-        eager: Callable[..., Any],
-    ) -> None:
-        self.compiled = compiled
-        self.adapter = adapter
-        self.eager = eager
-        self.lock = threading.Lock()  # grace.adapting: one call at a time through an adapter
+    def build(inner: InnerGraph, found: InnerFacts, compiled: Callable[..., Any]) -> GuardedRunner:
+        return _inner_runner(inner, found, compiled, options)
 
-    def __call__(self, args: Sequence[Any]) -> Any:
-        adapter = self.adapter
-        if adapter is None:
-            return self.compiled(*args)
-        with self.lock:
-            try:
-                adapted = adapter(list(args))
-            except Exception as exc:
-                reason = SkipReason(
-                    SkipCode.RUNNER_FAILED, f"CGCT's adapter raised {type(exc).__name__}: {exc}"
-                )
-                log_once(reason, "safe path: the graph as Dynamo traced it, run eagerly", logging.WARNING)
-                return self.eager(*args)
-            out = self.compiled(*adapted)
-            adapter.returned(out)
-            return out
+    return TrainingGraphs(build)
 
 
-class GuardedRunner:
-    """What Dynamo calls for one graph: the grace runner until grace's own code fails during a call,
-    then the safe path (Note: [The backend never raises for its own failures])."""
-
-    def __init__(self, runner: GraceRunner | None, safe: SafePath) -> None:
-        self.runner = runner
-        self.safe = safe
-        self.reason: SkipReason | None = None
-        self.record: grace_stats.GraphStats | None = None
-
-    @classmethod
-    def failed(cls, safe: SafePath, graph_hash: str, reason: SkipReason) -> GuardedRunner:
-        """A guard with no runner: grace failed to build one, every call takes the safe path."""
-        guard = cls(None, safe)
-        guard._fall_back(reason, graph_hash, "none")
-        return guard
-
-    @property
-    def callable_id(self) -> int | None:
-        return self.runner.callable_id if self.runner is not None else None
-
-    def __call__(self, *args: Any) -> Any:
-        runner = self.runner
-        if self.reason is None and runner is not None:
-            before = self.safe.compiled.calls
-            try:
-                return runner(*args)
-            except Exception as exc:
-                return self._after_failure(runner, args, exc, before)
-        if self.record is not None:
-            self.record.calls += 1
-        return self.safe(args)
-
-    def _after_failure(self, runner: GraceRunner, args: Sequence[Any], exc: Exception, before: int) -> Any:
-        if self.safe.compiled.calls != before and _mutates(runner):
-            raise exc  # its side effects may have happened: a second run would apply them twice
-        try:
-            out = self.safe(args)
-        except Exception as again:
-            raise again from None  # the safe path fails as well: the error is the model's, not grace's
-        logger.debug("grace: the runner raised; the safe path did not", exc_info=exc)
-        reason = SkipReason(SkipCode.RUNNER_FAILED, f"{type(exc).__name__}: {exc}")
-        device = str(runner.plan.device) if runner.plan.device is not None else "none"
-        self._fall_back(reason, runner.plan.graph_hash, device, runner.callable_id)
-        try:
-            runner.reset()  # its graphs and pools are not used any more
-        except Exception:
-            logger.debug("grace: releasing the failed runner raised", exc_info=True)
-        if self.record is not None:
-            self.record.calls += 1
-        return out
-
-    def _fall_back(self, reason: SkipReason, graph_hash: str, device: str, callable_id: int = 0) -> None:
-        record = grace_stats.new_record(callable_id, graph_hash, "*", device, Variant.NO_GRAPH)
-        record.add_skip(reason)
-        self.record, self.reason = record, reason
-        log_once(reason, f"compiled graph {graph_hash}", logging.WARNING)
-
-
-def _mutates(runner: GraceRunner) -> bool:
-    """Whether the runner's callable may mutate its inputs (from the graph or seen at run time)."""
-    return bool(runner.plan.mutated_indices) or any(slot.mutated for slot in list(runner.slots.values()))
+def _inner_runner(
+    inner: InnerGraph, found: InnerFacts, compiled: Callable[..., Any], options: GraceOptions
+) -> GuardedRunner:
+    """A guarded runner for one graph of AOTAutograd's training pair (grace.training)."""
+    example_inputs = list(inner.example_inputs)
+    facts = _analyse(inner.gm, example_inputs, options)
+    analysis = dataclasses.replace(
+        facts.analysis, static_indices=found.static_indices, dynamic_indices=found.dynamic_indices
+    )
+    facts = _Facts(analysis, facts.mutated, facts.random_ops)
+    pi_prepare, pi_note = _pi_seam(analysis.skip, options)
+    unit = _Unit(
+        inner.gm,
+        example_inputs,
+        compiled,
+        facts,
+        pi_prepare,
+        pi_note,
+        (inner.code_view(inner.compiled),),
+        role=found.role,
+        kept_from=found.kept_from,
+    )
+    return _guarded(unit, _Stage(inner.gm, example_inputs), options, eager=compiled)
 
 
 class GraceBackend:

@@ -201,6 +201,7 @@ def capture_graph(
     placeholders: Mapping[int, torch.Tensor] | None = None,
     borrow_inputs: bool = False,
     keep_pristine: bool = False,
+    kept_from: int | None = None,
 ) -> CapturedGraph:
     """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
 
@@ -211,6 +212,7 @@ def capture_graph(
     where ``borrow_blocker`` finds nothing. An output that views an input raises ``CaptureError``.
     ``keep_pristine``: keep a copy of the captured graph as it was before the hooks (grace.rebind serves
     other addresses of the static inputs from it); only where this torch keeps the captured graph.
+    ``kept_from``: Note: [Outputs autograd keeps] in grace.outputs.
     """
     placeholders = _capture_placeholders(args, dynamic_indices, static_indices, placeholders, borrow_inputs)
     capture_args = list(args)
@@ -264,6 +266,7 @@ def capture_graph(
         pristine=pristine,
         static_spans=storage_spans(args, static_indices),
         capture_spans={i: StorageSpan.of(p) for i, p in placeholders.items()},
+        kept_from=kept_from,
     )
 
 

@@ -44,7 +44,6 @@ from grace.outputs import (
     OutputFamily,
     _pool_outputs,
     _pool_outputs_all,
-    output_refs,
     pool_output_bytes,
 )
 from grace.pi_contract import PIPlan
@@ -115,12 +114,14 @@ class CapturedGraph:
         pristine: int | None = None,
         static_spans: Mapping[int, StorageSpan] | None = None,
         capture_spans: Mapping[int, StorageSpan] | None = None,
+        kept_from: int | None = None,
     ) -> CapturedGraph:
         """A graph from what its capture (or rebind) found.
 
         ``placeholders``: what the graph reads for each dynamic input (``Bindings.of``; a ``borrowed``
         graph keeps only their layouts). ``count_outputs``: the outputs live in this graph's pool and
-        count as held by it (a graph rebound from ``origin`` writes the origin's and counts none)."""
+        count as held by it (a graph rebound from ``origin`` writes the origin's and counts none).
+        ``kept_from``: Note: [Outputs autograd keeps] in grace.outputs (None: an inference graph)."""
         bindings = Bindings.of(
             placeholders,
             copy_indices=copy_indices,
@@ -141,7 +142,7 @@ class CapturedGraph:
             pi_plan=pi_plan,
             pool_positions=pool_positions,
             output_bytes=pool_output_bytes(outputs, aliases, device) if count_outputs else 0,
-            family=OutputFamily(refs=output_refs(outputs, aliases, device) if count_outputs else []),
+            family=OutputFamily.of(outputs, aliases, device, kept_from) if count_outputs else OutputFamily(),
             rebinding=PristineCopy(pristine, dict(static_spans or {}), dict(capture_spans or {})),
             origin=origin,
         )
@@ -363,7 +364,7 @@ class CapturedGraph:
             pooled = self.pool_positions = frozenset(_pool_outputs_all(outs, self.aliases, self.device))
         if clone:
             outs = [o.clone() if i in pooled else o for i, o in enumerate(outs)]
-        elif self.outputs_owner.family.aliases_since is not None:
+        elif self.outputs_owner.family.hands_out_aliases:
             outs = [
                 o.as_strided(o.size(), o.stride(), o.storage_offset()) if i in pooled else o
                 for i, o in enumerate(outs)

@@ -93,6 +93,11 @@ class GraceOptions:
             theirs, and no deciding call is made. Where the graph cannot follow the move (see
             grace.rebind for when), it is captured again and the skip reason ``rebind_declined`` says
             why. Needs a torch that keeps captured graphs (2.8+) and cuda-bindings.
+        training: for a graph that needs autograd, run the forward and backward graphs AOTAutograd
+            compiles with runners of their own (grace.training), each with the variants, PI and SCG of
+            any graph; a forward never replays over tensors saved for a pending backward, nor a backward
+            over gradients still held (Note: [Outputs autograd keeps] in grace.outputs). False runs such
+            graphs with Inductor alone.
     """
 
     cuda_graphs: bool = True
@@ -113,6 +118,7 @@ class GraceOptions:
     max_recaptures: int = 3
     rebind: bool = True
     max_rebinds: int = 64
+    training: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -125,6 +131,7 @@ class GraceOptions:
             "clone_outputs",
             "check_numerics",
             "rebind",
+            "training",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")

@@ -41,6 +41,18 @@ happens only when no output of the previous replay is held, by any thread (``hel
 ``HeldState.HELD`` otherwise and the runner runs that call without the graph). With ``clone_outputs=True`` no
 output of the pool is handed out and the rule never applies.
 
+Note: [Outputs autograd keeps]
+The graphs of a training step are AOTAutograd's forward and backward (grace.training). A forward's
+outputs from position ``kept_from`` on are the tensors it saves for its backward, and every output of a
+backward is a gradient that may become a parameter's ``.grad``: autograd keeps them past the compiled
+call, so the per-call contract above cannot cover them. Such a family (``OutputFamily.for_autograd``)
+hands out aliases from its first replay (autograd also sets ``grad_fn`` on what a forward returns, which
+must never be the graph's own tensor), and a replay happens only while no storage of a kept output is
+held by anything but the graph: a forward whose saved tensors a pending backward still needs, or a
+backward whose gradients are still a ``.grad`` (accumulation without ``zero_grad(set_to_none=True)``),
+runs that call without the graph. A forward's outputs before ``kept_from`` go to the caller and follow
+the per-call contract.
+
 Invariant: nothing here holds an output beyond the graph's own list; weak references only.
 """
 
@@ -117,6 +129,15 @@ def output_refs(
     return [(ref, torch_compat.storage_use_count(ref)) for ref in refs]
 
 
+def kept_storages(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device, kept_from: int
+) -> tuple[bool, ...]:
+    """Per storage of ``output_refs`` (same order): whether an output at position ``kept_from`` or later
+    lies in it (Note: [Outputs autograd keeps])."""
+    kept = {_storage_ptr(t) for p, t in _pool_outputs_all(outputs, aliases, device).items() if p >= kept_from}
+    return tuple(key in kept for key in _pool_outputs(outputs, aliases, device))
+
+
 def pool_positions(
     outputs: list[Any],
     aliases: Sequence[OutputAlias],
@@ -163,9 +184,38 @@ class OutputFamily:
     sharers: int = 0
     release_pending: bool = False
     released: bool = False
+    for_autograd: bool = False
+    kept: tuple[bool, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        outputs: list[Any],
+        aliases: Sequence[OutputAlias],
+        device: torch.device,
+        kept_from: int | None,
+    ) -> OutputFamily:
+        """The family of a captured graph's outputs; ``kept_from``: Note: [Outputs autograd keeps]."""
+        refs = output_refs(outputs, aliases, device)
+        if kept_from is None:
+            return cls(refs=refs)
+        return cls(refs=refs, for_autograd=True, kept=kept_storages(outputs, aliases, device, kept_from))
 
     def counted_held(self) -> bool:
         return any(torch_compat.storage_use_count(ref) > own for ref, own in self.refs)
+
+    def kept_held(self) -> bool:
+        """Whether something (autograd's saved tensors, a gradient) holds an output it keeps past the call."""
+        return any(
+            torch_compat.storage_use_count(ref) > own
+            for (ref, own), kept in zip(self.refs, self.kept, strict=False)
+            if kept
+        )
+
+    @property
+    def hands_out_aliases(self) -> bool:
+        """Whether replays hand out aliases of the outputs rather than the graph's own tensors."""
+        return self.for_autograd or self.aliases_since is not None
 
     def needs_sharing(self) -> bool:
         """Whether the outputs are about to serve a second thread (Note: [Outputs and threads])."""
@@ -177,8 +227,12 @@ class OutputFamily:
         """What a replay now, in compiled call ``generation``, would meet (after ``needs_sharing``)."""
         if self.threads_shared:  # Note: [Outputs and threads]
             return HeldState.HELD if self.counted_held() else HeldState.NONE
+        if self.kept and self.kept_held():  # Note: [Outputs autograd keeps]
+            return HeldState.HELD
         if generation != self.last_generation:
             return HeldState.NONE
+        if self.for_autograd:  # aliases from the first replay: the holders are counted
+            return HeldState.HELD if self.counted_held() else HeldState.NONE
         if self.aliases_since is None:
             self.aliases_since = generation
             return HeldState.UNKNOWN

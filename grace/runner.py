@@ -82,6 +82,7 @@ from grace import pools
 from grace import stats as grace_stats
 from grace.capture import calling_threads
 from grace.compat import cuda as cuda_compat
+from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
 from grace.reasons import log_once
 from grace.runplan import Environment, PIPrepare, RunnerPlan
@@ -135,6 +136,9 @@ class GraceRunner:
         # graphs, so no driver work).
         graphs_possible = plan.skip is None and device is not None and device.type == "cuda"
         self._context_device: int | None = (device.index or 0) if graphs_possible and device else None
+        # A backward runs on autograd's device thread, which calls no compiled function: it is no second
+        # calling thread for Note: [Outputs and threads] (its own outputs: Note: [Outputs autograd keeps]).
+        self._notes_thread = plan.role is not GraphRole.BACKWARD
         if plan.skip is not None:
             device_text = str(plan.device) if plan.device else "none"
             record = grace_stats.new_record(
@@ -156,7 +160,8 @@ class GraceRunner:
 
     def __call__(self, *args: Any) -> Any:
         pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
-        calling_threads.note()  # Note: [Outputs and threads] in grace.outputs
+        if self._notes_thread:
+            calling_threads.note()  # Note: [Outputs and threads] in grace.outputs
         if self._context_device is not None:
             cuda_compat.ensure_context_current(self._context_device)  # a thread's first call
         with self.lock:  # the whole call, from the input check to the outputs (module docstring)

@@ -25,6 +25,7 @@ import torch
 
 from grace.adapting import InputAdapting
 from grace.capture import CaptureContext
+from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
 from grace.reasons import SkipReason
 from grace.scg import Decision, DecisionKey, Variant
@@ -49,6 +50,8 @@ class RunnerPlan:
     pi_prepare: PIPrepare | None = None
     pi_unavailable: SkipReason | None = None
     random_ops: tuple[str, ...] = ()  # operators that draw random numbers (grace.rebind declines them)
+    role: GraphRole = GraphRole.INFERENCE  # a graph of AOTAutograd's training pair (grace.training)
+    kept_from: int | None = None  # Note: [Outputs autograd keeps] in grace.outputs; None: inference
 
 
 @dataclass(frozen=True)

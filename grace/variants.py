@@ -110,6 +110,7 @@ def _capture(facts: SlotFacts, args: Sequence[Any], hooks: Sequence[Any], **kwar
         mutated_indices=list(facts.mutated),
         hooks=hooks,
         keep_pristine=facts.keeps_pristine,
+        kept_from=plan.kept_from,
         **kwargs,
     )
 

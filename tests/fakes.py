@@ -48,9 +48,11 @@ def captured_graph(
     pi_plan: Any = None,
     origin: CapturedGraph | None = None,
     count_outputs: bool = True,
+    kept_from: int | None = None,
 ) -> CapturedGraph:
     """A ``CapturedGraph`` replaying through ``replay``; ``count_outputs``: the outputs count as held in
-    its pool (weak references and bytes, as a capture records them; a rebound graph counts none)."""
+    its pool (weak references and bytes, as a capture records them; a rebound graph counts none);
+    ``kept_from``: Note: [Outputs autograd keeps] (None: an inference graph)."""
     return CapturedGraph.assemble(
         graph=replay,
         device=device,
@@ -67,6 +69,7 @@ def captured_graph(
         pi_plan=pi_plan,
         origin=origin,
         count_outputs=count_outputs and origin is None,
+        kept_from=kept_from,
     )
 
 
@@ -145,6 +148,7 @@ def fake_capture(
     placeholders: Mapping[int, torch.Tensor] | None = None,
     borrow_inputs: bool = False,
     keep_pristine: bool = False,
+    kept_from: int | None = None,
 ) -> CapturedGraph:
     """A capture runs nothing (kernels are recorded, not executed): the outputs' layouts come from a run
     on clones of the inputs, with the generators as they were."""

@@ -108,6 +108,7 @@ class Setup:
         placeholders: Mapping[int, torch.Tensor] | None = None,
         borrow_inputs: bool = False,
         keep_pristine: bool = False,
+        kept_from: int | None = None,
     ) -> CapturedGraph:
         if borrow_inputs:
             held = {i: args[i] for i in dynamic_indices}

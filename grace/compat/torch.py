@@ -44,6 +44,9 @@ from typing import Any, cast
 
 import torch
 
+from grace.compat import aot as aot_compat
+from grace.compat.aot import InnerGraph
+
 logger = logging.getLogger(__name__)
 
 TORCH_VERSION: str = torch.__version__.split("+")[0]
@@ -200,7 +203,11 @@ class InnerCompileRecord:
     output_codes: list[Any] = field(default_factory=list)
 
 
-def _make_inner_compile(record: InnerCompileRecord) -> Callable[..., Any]:
+InnerGraphHook = Callable[[InnerGraph], None]
+"""Given each graph the inner compile made; it may ``install`` another entry (grace.training)."""
+
+
+def _make_inner_compile(record: InnerCompileRecord, on_graph: InnerGraphHook | None) -> Callable[..., Any]:
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
 
@@ -212,6 +219,10 @@ def _make_inner_compile(record: InnerCompileRecord) -> Callable[..., Any]:
         out = compile_fx_inner(*args, **kwargs)
         if not kwargs.get("is_backward", False):
             record.output_codes.append(out)
+        if on_graph is not None:
+            inner = aot_compat.inner_graph(args, kwargs, out)
+            if inner is not None:
+                on_graph(inner)
         return out
 
     return grace_inner_compile
@@ -241,15 +252,19 @@ def compile_with_inductor(
     record: InnerCompileRecord,
     *,
     need_inner_outputs: bool,
+    on_graph: InnerGraphHook | None = None,
 ) -> Callable[..., Any]:
-    """Inductor with its own CUDA graphs off (config and the inner compile's ``cudagraphs`` box)."""
+    """Inductor with its own CUDA graphs off (config and the inner compile's ``cudagraphs`` box).
+
+    ``on_graph``: called with each graph the inner compile makes (AOTAutograd's cache, which would skip
+    the inner compile, is off then, as it is when PI needs the inner outputs)."""
     from torch._inductor.compile_fx import compile_fx
 
-    with _autograd_cache_disabled(need_inner_outputs):
+    with _autograd_cache_disabled(need_inner_outputs or on_graph is not None):
         compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
             gm,
             list(example_inputs),
-            inner_compile=_make_inner_compile(record),
+            inner_compile=_make_inner_compile(record, on_graph),
             config_patches={"triton.cudagraphs": False},
         )
     return compiled

@@ -1,0 +1,257 @@
+"""Training graphs on CPU: the saved-tensor and gradient rule (Note: [Outputs autograd keeps]), what a
+training graph's runner is told (grace.training) and the facts read from AOTAutograd on this torch."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fakes
+import pytest
+import torch
+
+import grace.slot
+from grace import stats
+from grace.compat import aot as aot_compat
+from grace.compat.aot import GraphRole, InnerGraph
+from grace.options import GraceOptions
+from grace.runner import GraceRunner, RunnerPlan
+from grace.training import TrainingGraphs, boxed, inner_facts, unboxed
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stats() -> Iterator[None]:
+    stats.forget_all()
+    yield
+    stats.forget_all()
+
+
+def _training_runner(
+    monkeypatch: pytest.MonkeyPatch, generation: list[int], kept_from: int, role: GraphRole
+) -> tuple[GraceRunner, list[torch.Tensor]]:
+    """A runner over a real CapturedGraph whose two outputs are ``x * 2`` (what the caller gets) and
+    ``x + 1`` (what a forward saves for its backward)."""
+    placeholder = torch.zeros(2, 3)
+    own = [torch.zeros(2, 3), torch.zeros(2, 3)]
+
+    class Writes:
+        def replay(self) -> None:
+            own[0].copy_(placeholder * 2)
+            own[1].copy_(placeholder + 1)
+
+    def capture(facts: Any, args: Sequence[Any]) -> Any:
+        return fakes.captured_graph(
+            Writes(),
+            placeholders={0: placeholder},
+            outputs=list(own),
+            static_ptrs=[None],
+            kept_from=facts.plan.kept_from,
+        )
+
+    fakes.cpu_warmup(monkeypatch)
+    fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
+    plan = RunnerPlan(
+        "h", device=CPU, static_indices=(), dynamic_indices=(0,), scalar_indices=(), role=role, kept_from=kept_from
+    )
+    runner = GraceRunner(lambda x: [x * 2, x + 1], plan, GraceOptions(), None)
+    return runner, own
+
+
+def test_a_forward_never_replays_over_tensors_saved_for_a_pending_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Output 1 is saved for the backward (kept from position 1): while something holds it, a call in a
+    later compiled call runs without the graph; the caller's output 0 follows the per-call contract."""
+    generation = [1]
+    runner, own = _training_runner(monkeypatch, generation, kept_from=1, role=GraphRole.FORWARD)
+    xs = [torch.full((2, 3), float(k)) for k in range(5)]
+    runner(xs[0])  # warm-up
+    generation[0] = 2
+    user, saved = runner(xs[1])  # the deciding call's replay
+    assert saved is not own[1] and saved.data_ptr() == own[1].data_ptr()  # an alias from the first replay
+    assert user is not own[0]
+    generation[0] = 3
+    user2, saved2 = runner(xs[2])  # ``saved`` is held (a pending backward): no replay over it
+    torch.testing.assert_close(saved, xs[1] + 1)
+    torch.testing.assert_close(saved2, xs[2] + 1)
+    assert saved2.data_ptr() != own[1].data_ptr()
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 1 and record["graph_launches"] == 1
+    del saved, saved2  # the backward ran: autograd dropped what it saved
+    generation[0] = 4
+    user3, saved3 = runner(xs[3])  # ``user`` is still held, but it is the caller's output: replayed
+    assert saved3.data_ptr() == own[1].data_ptr()
+    torch.testing.assert_close(user3, xs[3] * 2)
+    torch.testing.assert_close(saved3, xs[3] + 1)
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 1 and record["graph_launches"] == 2
+
+
+def test_a_backward_never_replays_over_gradients_still_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every output of a backward is kept (a parameter's ``.grad`` may be one): accumulation without
+    zeroing holds them, and such calls run without the graph; once dropped, the graph replays."""
+    generation = [1]
+    runner, own = _training_runner(monkeypatch, generation, kept_from=0, role=GraphRole.BACKWARD)
+    xs = [torch.full((2, 3), float(k)) for k in range(4)]
+    runner(xs[0])
+    grads = runner(xs[1])
+    assert all(g is not o for g, o in zip(grads, own, strict=True))
+    generation[0] = 2
+    again = runner(xs[2])
+    torch.testing.assert_close(grads[0], xs[1] * 2)  # the held gradients were not overwritten
+    torch.testing.assert_close(again[0], xs[2] * 2)
+    assert again[0].data_ptr() != own[0].data_ptr()
+    del grads, again
+    last = runner(xs[3])
+    assert last[0].data_ptr() == own[0].data_ptr()
+    torch.testing.assert_close(last[1], xs[3] + 1)
+    (record,) = stats.snapshot()
+    assert (record["held_output_calls"], record["graph_launches"]) == (1, 2)
+
+
+def test_a_backward_is_no_second_calling_thread() -> None:
+    plan = RunnerPlan("h", device=None, static_indices=(), dynamic_indices=(), scalar_indices=())
+    forward = GraceRunner(lambda: [], plan, GraceOptions(), None)
+    backward = GraceRunner(
+        lambda: [], RunnerPlan(**{**plan.__dict__, "role": GraphRole.BACKWARD}), GraceOptions(), None
+    )
+    assert forward._notes_thread and not backward._notes_thread
+
+
+def _inner(role: GraphRole, inputs: Sequence[Any], static: tuple[int, ...], caller: int) -> InnerGraph:
+    class Code:
+        def __init__(self) -> None:
+            self.current_callable = lambda args: [a * 2 for a in args if isinstance(a, torch.Tensor)]
+
+    return InnerGraph(role, torch.fx.GraphModule({}, torch.fx.Graph()), tuple(inputs), static, caller, Code())
+
+
+def test_inner_facts_by_role() -> None:
+    inputs = [torch.ones(1), 3, torch.ones(2), torch.ones(3)]
+    forward = inner_facts(_inner(GraphRole.FORWARD, inputs, (0,), caller=2))
+    assert (forward.static_indices, forward.dynamic_indices, forward.kept_from) == ((0,), (2, 3), 2)
+    backward = inner_facts(_inner(GraphRole.BACKWARD, inputs, (0, 2), caller=0))
+    assert (backward.static_indices, backward.dynamic_indices, backward.kept_from) == ((), (0, 2, 3), 0)
+    inference = inner_facts(_inner(GraphRole.INFERENCE, inputs, (0,), caller=0))
+    assert inference.kept_from is None and inference.static_indices == (0,)
+
+
+def test_the_installed_entry_empties_the_list_and_calls_the_runner() -> None:
+    inner = _inner(GraphRole.FORWARD, [torch.ones(2)], (), 1)
+    seen: list[Any] = []
+
+    def build(graph: InnerGraph, facts: Any, compiled: Any) -> Any:
+        def runner(*args: Any) -> Any:
+            seen.append(args)
+            return compiled(*args)
+
+        return runner
+
+    hook = TrainingGraphs(build)
+    hook(inner)
+    args = [torch.ones(2)]
+    (out,) = inner.output_code.current_callable(args)
+    assert args == [] and len(seen) == 1 and hook.installed == [GraphRole.FORWARD]
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
+
+
+def test_a_runner_that_cannot_be_built_leaves_inductors_entry() -> None:
+    inner = _inner(GraphRole.BACKWARD, [torch.ones(2)], (), 0)
+    entry = inner.output_code.current_callable
+
+    def build(graph: InnerGraph, facts: Any, compiled: Any) -> Any:
+        raise RuntimeError("no runner")
+
+    hook = TrainingGraphs(build)
+    hook(inner)
+    assert inner.output_code.current_callable is entry and hook.installed == []
+
+
+def test_boxed_and_unboxed_conventions() -> None:
+    def graph(args: list[Any]) -> list[Any]:
+        out = [a + 1 for a in args]
+        args.clear()
+        return out
+
+    assert unboxed(graph)(torch.zeros(1), torch.ones(1))[1].item() == 2.0
+    inputs = [torch.zeros(1)]
+    assert boxed(lambda *a: len(a))(inputs) == 1 and inputs == []
+
+
+def test_this_torch_tells_the_inner_compile_its_forward_returns() -> None:
+    """``num_forward_returns`` read during a real compile: a forward with two outputs for the caller and
+    tensors saved for its backward (CPU, through AOTAutograd's own backend)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: dict[str, Any] = {}
+
+    def forward_compiler(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        seen["returns"] = aot_compat.forward_returns()
+        seen["outputs"] = len(list(gm.graph.nodes)[-1].args[0])
+        return gm
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, inputs: gm)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.sin(x @ w)
+        return y.sum(), y.cos()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend)
+    compiled(torch.randn(3, 4), torch.randn(4, 4, requires_grad=True))
+    torch._dynamo.reset()
+    assert seen["returns"] == 2 and seen["outputs"] > 2  # the rest are saved for the backward
+
+
+def test_option_training_is_a_bool() -> None:
+    assert GraceOptions().training is True
+    with pytest.raises(ValueError, match="training must be a bool"):
+        GraceOptions(training=1)  # type: ignore[arg-type]
+
+
+def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wiring on CPU: the outer graph is declined for autograd only (as on a CUDA device), so the
+    forward and backward graphs get runners of their own (no graphs here: their inputs are on CPU); AOTAutograd
+    calls them through the installed entries and every step's gradients equal eager's."""
+    from grace import backend
+    from grace.reasons import SkipCode, SkipReason
+
+    real = backend._analyse
+
+    def as_on_a_gpu(gm: Any, example_inputs: Any, options: Any) -> Any:
+        facts = real(gm, example_inputs, options)
+        needs_grad = any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs)
+        if needs_grad and facts.analysis.skip is not None:
+            skip = SkipReason(SkipCode.AUTOGRAD, "needs autograd")
+            facts = backend._Facts(
+                dataclasses.replace(facts.analysis, skip=skip), facts.mutated, facts.random_ops
+            )
+        return facts
+
+    monkeypatch.setattr(backend, "_analyse", as_on_a_gpu)
+    sink = backend.collect_compiled_graphs()
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+        model = copy.deepcopy(eager)
+        compiled = torch.compile(model, backend=backend.GraceBackend(GraceOptions()))
+        for step in range(3):
+            x = torch.randn(4, 8)
+            eager(x).pow(2).sum().backward()
+            compiled(x).pow(2).sum().backward()
+            for p, q in zip(eager.parameters(), model.parameters(), strict=True):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+                p.grad = q.grad = None
+        calls = {r["callable_id"]: r["calls"] for r in stats.snapshot()}
+    finally:
+        backend.stop_collecting(sink)
+        torch._dynamo.reset()
+    roles = {info.role: info.callable_id for info in sink}
+    assert {"forward", "backward"} <= set(roles)
+    assert calls[roles["forward"]] == 3 and calls[roles["backward"]] == 3
