@@ -56,7 +56,7 @@ def _training_runner(
     fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
     monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
     plan = RunnerPlan(
-        "h", device=CPU, static_indices=(), dynamic_indices=(0,), scalar_indices=(), role=role, kept_from=kept_from
+        "h", CPU, static_indices=(), dynamic_indices=(0,), scalar_indices=(), role=role, kept_from=kept_from
     )
     runner = GraceRunner(lambda x: [x * 2, x + 1], plan, GraceOptions(), None)
     return runner, own
@@ -76,7 +76,7 @@ def test_a_forward_never_replays_over_tensors_saved_for_a_pending_backward(
     assert saved is not own[1] and saved.data_ptr() == own[1].data_ptr()  # an alias from the first replay
     assert user is not own[0]
     generation[0] = 3
-    user2, saved2 = runner(xs[2])  # ``saved`` is held (a pending backward): no replay over it
+    _, saved2 = runner(xs[2])  # ``saved`` is held (a pending backward): no replay over it
     torch.testing.assert_close(saved, xs[1] + 1)
     torch.testing.assert_close(saved2, xs[2] + 1)
     assert saved2.data_ptr() != own[1].data_ptr()
@@ -216,8 +216,8 @@ def test_option_training_is_a_bool() -> None:
 
 def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wiring on CPU: the outer graph is declined for autograd only (as on a CUDA device), so the
-    forward and backward graphs get runners of their own (no graphs here: their inputs are on CPU); AOTAutograd
-    calls them through the installed entries and every step's gradients equal eager's."""
+    forward and backward graphs get runners of their own (no graphs here: their inputs are on CPU);
+    AOTAutograd calls them through the installed entries and every step's gradients equal eager's."""
     from grace import backend
     from grace.reasons import SkipCode, SkipReason
 
@@ -241,7 +241,7 @@ def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyP
         eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
         model = copy.deepcopy(eager)
         compiled = torch.compile(model, backend=backend.GraceBackend(GraceOptions()))
-        for step in range(3):
+        for _ in range(3):
             x = torch.randn(4, 8)
             eager(x).pow(2).sum().backward()
             compiled(x).pow(2).sum().backward()
