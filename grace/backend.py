@@ -343,7 +343,9 @@ def _inner_runner(
     analysis = dataclasses.replace(
         facts.analysis, static_indices=found.static_indices, dynamic_indices=found.dynamic_indices
     )
-    facts = _Facts(analysis, facts.mutated, facts.random_ops)
+    # A backward's donated inputs are written through memory reuse no op shows: they count as mutated.
+    mutated = tuple(sorted(set(facts.mutated) | set(inner.donated)))
+    facts = _Facts(analysis, mutated, facts.random_ops)
     pi_prepare, pi_note = _pi_seam(analysis.skip, options)
     unit = _Unit(
         inner.gm,

@@ -17,6 +17,9 @@ the same slots, variants, PI, SCG and checks as any graph. What differs is state
   ran without its graph), with no recapture;
 - kept outputs (Note: [Outputs autograd keeps] in grace.outputs): a forward's from its first saved
   tensor on (``InnerGraph.caller_outputs``), a backward's all of them;
+- written inputs: AOTAutograd's donated buffers (a backward reusing its saved tensors' memory) are off
+  while grace compiles; where a backward still has some, they count as inputs it mutates, so the
+  runtime's rule for such graphs (Note: [Slot states] in grace.runner) covers them;
 - the rule for saved tensors: a forward never replays over saved tensors that a pending backward still
   needs (they are kept outputs, so that call runs without the graph, in fresh memory, as Inductor alone
   would); a backward never replays over gradients something still holds.

@@ -16,7 +16,9 @@ on (read in torch 2.4-2.13, run on 2.11):
   saved symints`` and ``TracingContext.fw_metadata.num_forward_returns`` counts the first three groups;
 - ``OutputCode.__call__(inputs)`` calls ``self.current_callable(inputs)``; ``post_compile`` (input
   alignment) has wrapped ``current_callable`` by the time the inner compile returns;
-- after a backward (without ``retain_graph``) AOTAutograd drops the saved tensors from the context.
+- after a backward (without ``retain_graph``) AOTAutograd drops the saved tensors from the context;
+- with ``donated_buffer`` on, a backward may write into the memory of the saved tensors listed in
+  ``fw_metadata.bw_donated_idxs``, which no op of its graph shows.
 
 Invariant: where a fact cannot be read, the answer is the cautious one: every output of a forward
 counts as saved for the backward (``caller_outputs`` 0).
@@ -51,6 +53,7 @@ class InnerGraph:
     static_input_idxs: tuple[int, ...]
     caller_outputs: int  # a forward's outputs before its saved tensors; 0 where unknown or a backward
     output_code: Any
+    donated: tuple[int, ...] = ()  # a backward's inputs whose memory it may reuse (donated buffers)
 
     @property
     def compiled(self) -> Callable[[list[Any]], Any]:
@@ -95,6 +98,19 @@ def forward_returns() -> int:
     return int(count) if isinstance(count, int) and count >= 0 else 0
 
 
+def donated_inputs() -> tuple[int, ...]:
+    """Inputs of the backward being compiled whose memory it may reuse (AOTAutograd's donated buffers)."""
+    try:
+        from torch._guards import TracingContext
+
+        context = TracingContext.try_get()
+        metadata = getattr(context, "fw_metadata", None) if context is not None else None
+        found = getattr(metadata, "bw_donated_idxs", None) or ()
+        return tuple(int(i) for i in found)
+    except Exception:
+        return ()
+
+
 def inner_graph(args: Sequence[Any], kwargs: Mapping[str, Any], output_code: Any) -> InnerGraph | None:
     """The ``InnerGraph`` of one inner compile call ``(gm, example_inputs, **kwargs)``, or None when its
     result cannot be run through grace (see ``can_install``)."""
@@ -108,4 +124,5 @@ def inner_graph(args: Sequence[Any], kwargs: Mapping[str, Any], output_code: Any
         static_input_idxs=tuple(int(i) for i in (kwargs.get("static_input_idxs") or ())),
         caller_outputs=forward_returns() if role is GraphRole.FORWARD else 0,
         output_code=output_code,
+        donated=donated_inputs() if role is GraphRole.BACKWARD else (),
     )

@@ -229,9 +229,9 @@ def _make_inner_compile(record: InnerCompileRecord, on_graph: InnerGraphHook | N
 
 
 @contextlib.contextmanager
-def _autograd_cache_disabled(disabled: bool) -> Iterator[None]:
-    """AOTAutograd's cache can skip the inner compile on a hit; PI needs the inner compile's output."""
-    if not disabled:
+def _functorch_patched(wanted: bool, **values: Any) -> Iterator[None]:
+    """AOTAutograd's config with ``values`` for the options this torch has, when ``wanted``."""
+    if not wanted:
         yield
         return
     try:
@@ -239,10 +239,8 @@ def _autograd_cache_disabled(disabled: bool) -> Iterator[None]:
     except Exception:
         yield
         return
-    if not hasattr(functorch_config, "enable_autograd_cache"):
-        yield
-        return
-    with functorch_config.patch(enable_autograd_cache=False):
+    present = {k: v for k, v in values.items() if hasattr(functorch_config, k)}
+    with functorch_config.patch(present):
         yield
 
 
@@ -257,10 +255,16 @@ def compile_with_inductor(
     """Inductor with its own CUDA graphs off (config and the inner compile's ``cudagraphs`` box).
 
     ``on_graph``: called with each graph the inner compile makes (AOTAutograd's cache, which would skip
-    the inner compile, is off then, as it is when PI needs the inner outputs)."""
+    the inner compile, is off then, as it is when PI needs the inner outputs, and so are donated
+    buffers: a backward that writes its saved tensors' memory could not be run a second time)."""
     from torch._inductor.compile_fx import compile_fx
 
-    with _autograd_cache_disabled(need_inner_outputs or on_graph is not None):
+    # AOTAutograd's cache can skip the inner compile on a hit, and PI and ``on_graph`` need its output;
+    # donated buffers let a backward reuse its saved tensors' memory, so it could not run twice.
+    with (
+        _functorch_patched(need_inner_outputs or on_graph is not None, enable_autograd_cache=False),
+        _functorch_patched(on_graph is not None, donated_buffer=False),
+    ):
         compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
             gm,
             list(example_inputs),
