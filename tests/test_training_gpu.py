@@ -125,7 +125,8 @@ def test_training_steps_equal_eagers_and_run_in_cuda_graphs(tmp_path: Path, grap
 def test_training_with_selective_graphs_equals_eager(tmp_path: Path, graphs: list[Any]) -> None:
     eager, model, compiled = _pair(tmp_path)
     _train(eager, model, compiled, steps=8)
-    assert {"forward", "backward"} <= set(_graph_launches(graphs)), _why(graphs)
+    launched = {role for role, count in _graph_launches(graphs).items() if count}
+    assert {"forward", "backward"} <= launched, _why(graphs)
 
 
 def test_two_forwards_before_one_backward(tmp_path: Path, graphs: list[Any]) -> None:
