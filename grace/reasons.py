@@ -45,6 +45,7 @@ class SkipCode(str, enum.Enum):
     INSTANTIATE_FAILED = "instantiate_failed"
     REPLAY_FAILED = "replay_failed"
     NUMERIC_MISMATCH = "numeric_mismatch"
+    NUMERIC_NOISE = "numeric_noise"  # the no-graph callable itself differs between runs: its spread allowed
     STATIC_INPUT_MOVED = "static_input_moved"
     TOO_MANY_RECAPTURES = "too_many_recaptures"
     REBIND_DECLINED = "rebind_declined"  # the graph could not follow moved static inputs: re-captured

@@ -223,7 +223,7 @@ def _equal_in_chunks(reference: Any, candidate: Any) -> bool:
     return all(verdicts)
 
 
-def _max_abs_difference(reference: Any, candidate: Any) -> float:
+def max_abs_difference(reference: Any, candidate: Any) -> float:
     """The largest ``|reference - candidate|`` in float64 (NaN counts as infinite), chunk by chunk."""
     import torch
 
@@ -234,8 +234,16 @@ def _max_abs_difference(reference: Any, candidate: Any) -> float:
     return float(torch.stack(worst).max()) if worst else 0.0
 
 
-def outputs_match(reference: Any, candidate: Any, path: str = "output") -> str | None:
-    """None when ``candidate`` equals ``reference`` within tolerance, else what differs."""
+def outputs_match(
+    reference: Any,
+    candidate: Any,
+    path: str = "output",
+    noise: Mapping[str, float] | None = None,
+    at: str = "",
+) -> str | None:
+    """None when ``candidate`` equals ``reference`` within tolerance (and, per place in ``noise``,
+    within the callable's own run-to-run spread: Note: [Run-to-run noise] in grace.noise), else what
+    differs. ``at``: the place of ``reference`` in the structure (as ``run_to_run_noise`` names it)."""
     import torch
 
     if isinstance(reference, torch.Tensor) or isinstance(candidate, torch.Tensor):
@@ -249,8 +257,12 @@ def outputs_match(reference: Any, candidate: Any, path: str = "output") -> str |
         if reference.dtype.is_floating_point or reference.dtype.is_complex:
             rtol, atol = _TOLERANCES.get(str(reference.dtype), (1e-2, 1e-2))
             if not _allclose_in_chunks(reference, candidate, rtol, atol):
-                worst = _max_abs_difference(reference, candidate)
-                return f"{path}: max abs difference {worst:.3g} (rtol {rtol}, atol {atol})"
+                worst = max_abs_difference(reference, candidate)
+                allowed = (noise or {}).get(at)
+                if allowed is not None and worst <= allowed:
+                    return None
+                spread = f", run-to-run spread allowed {allowed:.3g}" if allowed is not None else ""
+                return f"{path}: max abs difference {worst:.3g} (rtol {rtol}, atol {atol}{spread})"
             return None
         if not _equal_in_chunks(reference, candidate):
             return f"{path}: integer/bool values differ"
@@ -259,7 +271,7 @@ def outputs_match(reference: Any, candidate: Any, path: str = "output") -> str |
         if len(reference) != len(candidate):
             return f"{path}: {len(reference)} vs {len(candidate)} items"
         for i, (r, c) in enumerate(zip(reference, candidate, strict=True)):
-            problem = outputs_match(r, c, f"{path}[{i}]")
+            problem = outputs_match(r, c, f"{path}[{i}]", noise, f"{at}[{i}]")
             if problem:
                 return problem
         return None

@@ -73,6 +73,7 @@ class GraphSlot:
         self.graph: CapturedGraph | None = None
         self.spec: VariantSpec | None = None  # how ``graph`` runs (state GRAPH)
         self.decision: Decision | None = None
+        self.noise: dict[str, float] = {}  # Note: [Run-to-run noise] in grace.noise, from the deciding call
         self.signature_text = signature_text
         # Safety net (grace.verify): replays still to compare with the no-graph callable, and the
         # dynamic input addresses of the decision (the first call elsewhere is compared too).
@@ -237,6 +238,7 @@ class GraphSlot:
                 self.runner.plan.device,
                 self.runner.options.host_reference_bytes,
                 random=bool(self.runner.plan.random_ops),
+                noise=self.noise,
             )
         except Exception as exc:
             self.record.calls -= 1
@@ -394,6 +396,7 @@ class GraphSlot:
         if decision.decision is not None:
             record.decision = decision.decision
             self.decision = decision.decision
+        self.noise = dict(decision.noise)
         start = decision.start
         if decision.graph is None:
             self.set_no_graph(decision.reason)
@@ -436,7 +439,7 @@ class GraphSlot:
         if self.graph is not graph or graph is None or not self.runner.options.check_numerics:
             return out  # (a failed replay already left the slot without a graph)
         synchronize(graph.device)
-        problem = outputs_match(host_reference, out) or graph_health(graph)
+        problem = outputs_match(host_reference, out, noise=self.noise) or graph_health(graph)
         if problem is None:
             return out
         self.drop_for_mismatch(self.record.variant, "deciding call's replay", problem)

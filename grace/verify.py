@@ -31,7 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -66,23 +66,25 @@ def check_against_reference(
     device: torch.device | None,
     host_bytes: int = 0,
     random: bool = False,
+    noise: Mapping[str, float] | None = None,
 ) -> tuple[Any, str | None, Any]:
     """(graph output, problem or None, no-graph output) for one call; see the module docstring.
     ``host_bytes``: the reference of a callable without side effects, and the copies a mutating
     callable's check keeps, go to host memory from this size on (``grace.hostref``; 0: never).
     ``random``: the callable draws random numbers; both runs start from the generators' states the call
-    found (Note: the rule in grace.rerun)."""
+    found (Note: the rule in grace.rerun). ``noise``: the run-to-run spread the slot's deciding call
+    measured (Note: [Run-to-run noise] in grace.noise)."""
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
     start = CallStart(args, mutated, random, device, host_bytes)
     if not mutated:
-        return _check_pure(run_graph, compiled, args, graph, device, host_bytes, start)
+        return _check_pure(run_graph, compiled, args, graph, device, host_bytes, start, noise)
     out = run_graph()
     # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
     got = kept_copy(out, host_bytes)
     got_state = kept_copy([args[i] for i in mutated], host_bytes)
     start.restore()
     reference = _no_graph_run(compiled, args, device)
-    problem = outputs_match(reference, got)
+    problem = outputs_match(reference, got, noise=noise)
     if problem is None:
         problem = outputs_match([args[i] for i in mutated], got_state, "mutated input")
     if problem is None:
@@ -98,6 +100,7 @@ def _check_pure(
     device: torch.device | None,
     host_bytes: int,
     start: CallStart,
+    noise: Mapping[str, float] | None,
 ) -> tuple[Any, str | None, Any]:
     """The check of a callable without side effects: the no-graph run first, its output moved to host
     memory when it reaches ``host_bytes`` (then the graph's outputs are never beside a second device copy),
@@ -107,7 +110,7 @@ def _check_pure(
     start.restore()
     out = run_graph()
     synchronize(device)
-    problem = outputs_match(reference, out) or graph_health(graph)
+    problem = outputs_match(reference, out, noise=noise) or graph_health(graph)
     if problem is not None and on_host:
         start.restore()
         reference = compiled(*args)  # what the caller gets instead of the replay: on the device

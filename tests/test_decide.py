@@ -415,3 +415,52 @@ def test_small_outputs_keep_the_interleaved_timing_and_the_verified_replays(
     slot.decide(_inputs())
     assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI)]
     assert slot.verify_calls == 1  # the returned replay was the first of two verified ones
+
+
+class NoisySetup(Setup):
+    """A callable whose runs differ a little (as atomic adds make a backward's): its first run, the
+    deciding call's reference, is ``spread`` off every later run, graph or not; a replay of a graph
+    captured while ``wrong`` is set is ``wrong`` off as well."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, spread: float, wrong: float = 0.0) -> None:
+        super().__init__(monkeypatch)
+        self.runs = 0
+        self.spread, self.wrong = spread, wrong
+
+    def compiled(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        self.runs += 1
+        return (x * 2 + y + (self.spread if self.runs == 1 else 0.0),)
+
+    def replayed(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        (out,) = NoisySetup.compiled(self, x, y)
+        return (out + self.wrong,)
+
+    def capture(self, *args: Any, **kwargs: Any) -> CapturedGraph:
+        self.compiled = self.replayed  # type: ignore[method-assign]  # what the captured graph replays
+        try:
+            return super().capture(*args, **kwargs)
+        finally:
+            del self.compiled
+
+
+def test_a_callable_with_run_to_run_noise_keeps_its_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note: [Run-to-run noise]: the graph differs from the reference by the callable's own spread, which
+    a second no-graph run shows; the graph is kept and the spread recorded."""
+    setup = NoisySetup(monkeypatch, spread=1e-3)
+    slot = setup.slot(scg=False, pi_direct=False)
+    args = _inputs()
+    (out,) = slot.decide(args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1], atol=3e-3, rtol=0)
+    assert slot.record.variant in (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
+    assert "numeric_noise" in {r.code.value for r in slot.record.skip_reasons}
+    assert slot.noise and all(0 < v <= 4 * 2e-3 for v in slot.noise.values())
+
+
+def test_run_to_run_noise_does_not_excuse_a_wrong_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = NoisySetup(monkeypatch, spread=1e-3, wrong=0.5)
+    slot = setup.slot(scg=False, pi_direct=False)
+    args = _inputs()
+    (out,) = slot.decide(args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1], atol=3e-3, rtol=0)
+    assert slot.record.variant == Variant.NO_GRAPH
+    assert "numeric_mismatch" in {r.code.value for r in slot.record.skip_reasons}

@@ -1,0 +1,97 @@
+"""The callable's own run-to-run spread, allowed in the numeric checks of its graph.
+
+Note: [Run-to-run noise]
+A callable whose kernels reduce in no fixed order (atomic adds: an embedding's or a scatter's
+backward; split-K) gives a slightly different result on every run, graph or not, so a graph's replay
+can differ from the no-graph reference by more than the dtype's tolerance while being as right as the
+reference. When a check fails so, the deciding call runs the no-graph callable a second time on the
+same inputs, from the same generator states (only for a callable that writes no input): where the two
+no-graph runs differ, the callable's own spread at that output (``run_to_run_noise``, times
+``NOISE_FACTOR``) is allowed there in every later check of the slot. A wrong result (stale inputs, a
+wrong pointer) differs by far more than the callable's own spread; where two runs agree, nothing is
+allowed beyond the dtype's tolerance.
+
+Design: ``run_to_run_noise`` names each floating-point output by its place in the output structure
+(``"[1]"``, as ``grace.scg.outputs_match`` walks it) with ``NOISE_FACTOR`` times the two runs' largest
+difference there; ``allow_noise`` is the deciding call's step (grace.decide); the slot keeps what it
+found for the checks of later calls (grace.verify).
+
+Invariant: nothing is allowed where two no-graph runs agree; a callable that writes its inputs is never
+run a second time for this (its checks stay at the dtype's tolerance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from grace.reasons import SkipCode, SkipReason
+from grace.rerun import CallStart
+from grace.runplan import SlotFacts
+from grace.scg import Variant, max_abs_difference
+from grace.verify import synchronize
+
+NOISE_FACTOR = 4.0
+
+
+def run_to_run_noise(first: Any, second: Any, at: str = "") -> dict[str, float]:
+    """Per floating-point tensor of two runs' outputs, by its place in the structure (``""`` for a lone
+    tensor), ``NOISE_FACTOR`` times their largest difference, where they differ."""
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
+        same_layout = first.shape == second.shape and first.dtype == second.dtype
+        if not (same_layout and first.dtype.is_floating_point):
+            return {}
+        worst = max_abs_difference(first, second)
+        return {at: NOISE_FACTOR * worst} if worst > 0 else {}
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)) and len(first) == len(second):
+        found: dict[str, float] = {}
+        for i, (a, b) in enumerate(zip(first, second, strict=True)):
+            found.update(run_to_run_noise(a, b, f"{at}[{i}]"))
+        return found
+    return {}
+
+
+def differs(problem: str | None) -> bool:
+    """Whether a check failed on values (not on a failed replay, a structure or a PI plan's health)."""
+    return problem is not None and "max abs difference" in problem
+
+
+def measure(facts: SlotFacts, args: Sequence[Any], reference: Any, start: CallStart) -> dict[str, float]:
+    """A second no-graph run on the same inputs, from the call's generator states, against the
+    reference; a spread found is recorded with the slot's reasons."""
+    start.restore()
+    second = facts.compiled(*args)
+    synchronize(facts.device)
+    noise = run_to_run_noise(reference, second)
+    del second
+    if noise:
+        worst = max(noise.values()) / NOISE_FACTOR
+        facts.record.add_skip(
+            SkipReason(
+                SkipCode.NUMERIC_NOISE,
+                f"two no-graph runs on the same inputs differ (up to {worst:.3g} at {len(noise)} "
+                f"output(s)): the slot's checks allow {NOISE_FACTOR:g}x that spread there",
+            )
+        )
+    return noise
+
+
+def allow_noise(
+    problems: dict[Variant, str | None],
+    recheck: Callable[[Variant], str | None],
+    facts: SlotFacts,
+    args: Sequence[Any],
+    reference: Any,
+    start: CallStart,
+    noise: dict[str, float],
+) -> dict[Variant, str | None]:
+    """Where checks failed on values, measure the no-graph callable's own spread into ``noise`` and
+    check those variants again (the module docstring)."""
+    if not any(differs(p) for p in problems.values()):
+        return problems
+    noise.update(measure(facts, args, reference, start))
+    if not noise:
+        return problems
+    return {v: recheck(v) if differs(p) else p for v, p in problems.items()}
