@@ -57,6 +57,7 @@ from grace.scg import (
     choose,
     decision_cache,
     medians,
+    output_devices,
     outputs_match,
     time_variants,
 )
@@ -134,7 +135,7 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     graphs, wanted = _capture_variants(facts, args)
     direct = any(g.borrowed for g in graphs.values())
 
-    reference, on_host, pretimed = early
+    reference, on_host, pretimed, devices = early
     del early  # ``reference`` is the only holder: it is dropped before the timing
     host_reference = reference if on_host else None
     checks = _Checks(facts, graphs)
@@ -142,7 +143,8 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     noise: dict[str, float] = {}
 
     def problem_of(spec: VariantSpec, graph: CapturedGraph) -> str | None:
-        return _check_variant(facts, spec, graph, args, reference, reference_state, start.restore, noise)
+        expected = (reference, reference_state, devices)
+        return _check_variant(facts, spec, graph, args, expected, start.restore, noise)
 
     # In each spec's check order; candidates keep the capture order (part of the persisted key).
     order = sorted(graphs, key=lambda v: spec_of(v).check_rank)
@@ -241,7 +243,7 @@ def _decide_again(facts: SlotFacts, start: CallStart, output: Any) -> SlotDecisi
 
 def _reference_first(
     facts: SlotFacts, args: Sequence[Any], start: CallStart, *, writes_inputs: bool
-) -> tuple[Any, bool, list[float] | None] | _MissedWrite:
+) -> tuple[Any, bool, list[float] | None, tuple[str, ...]] | _MissedWrite:
     """(reference, in host memory, no-graph SCG samples): the call's first run, before any capture.
 
     A callable that writes its inputs keeps its output on the device (the caller puts the inputs back
@@ -251,16 +253,17 @@ def _reference_first(
     output = facts.compiled(*args)
     if start.unexpected_writes():
         return _MissedWrite(output)
+    devices = output_devices(output)
     if writes_inputs:
         start.note_first_run()
-        return output, False, None
+        return output, False, None, devices
     value, on_host = offload(output, options.host_reference_bytes)
     del output
     start.note_first_run()
     if not (on_host and options.scg):
-        return value, on_host, None
+        return value, on_host, None, devices
     samples = _time(facts, {Variant.NO_GRAPH: lambda: facts.compiled(*args)})
-    return value, on_host, samples[Variant.NO_GRAPH]
+    return value, on_host, samples[Variant.NO_GRAPH], devices
 
 
 def _time(facts: SlotFacts, runs: dict[Variant, Callable[[], Any]]) -> dict[Variant, list[float]]:
@@ -300,13 +303,15 @@ def _check_variant(
     spec: VariantSpec,
     graph: CapturedGraph,
     args: Sequence[Any],
-    reference: Any,
-    reference_state: list[torch.Tensor],
+    expected: tuple[Any, list[torch.Tensor], tuple[str, ...]],
     restore: Callable[[], None],
     noise: dict[str, float],
 ) -> str | None:
+    """What differs between a replay of ``graph`` and the no-graph run: ``expected`` holds its output
+    (perhaps in host memory), the mutated inputs it left and the devices its outputs were on."""
     if not facts.options.check_numerics:
         return None
+    reference, reference_state, devices = expected
     mutated = list(facts.mutated)
     restore()
     spec.prepare_check(graph)
@@ -315,6 +320,9 @@ def _check_variant(
         torch.cuda.synchronize(graph.device)
     except Exception as exc:
         return f"replay failed: {type(exc).__name__}: {exc}"
+    got = output_devices(out)
+    if got != devices:  # e.g. a random op's seed, on the device only while a stream captures
+        return f"output devices differ: graph {list(got)} vs no graph {list(devices)}"
     problem = outputs_match(reference, out, noise=noise)
     if problem is None and mutated:
         problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input")

@@ -234,6 +234,18 @@ def max_abs_difference(reference: Any, candidate: Any) -> float:
     return float(torch.stack(worst).max()) if worst else 0.0
 
 
+def output_devices(value: Any) -> tuple[str, ...]:
+    """The device type of each tensor in an output structure, in order (a graph must give the same as
+    a no-graph run: a tensor on another device is another value to its reader)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return (value.device.type,)
+    if isinstance(value, (list, tuple)):
+        return tuple(d for item in value for d in output_devices(item))
+    return ()
+
+
 def outputs_match(
     reference: Any,
     candidate: Any,

@@ -464,3 +464,24 @@ def test_run_to_run_noise_does_not_excuse_a_wrong_graph(monkeypatch: pytest.Monk
     torch.testing.assert_close(out, args[0] * 2 + args[1], atol=3e-3, rtol=0)
     assert slot.record.variant == Variant.NO_GRAPH
     assert "numeric_mismatch" in {r.code.value for r in slot.record.skip_reasons}
+
+
+class OtherDeviceSetup(Setup):
+    """A graph whose replay returns its output on another device than a no-graph run does (as a random
+    op's seed is on the GPU only while a stream captures; the meta device stands for it here)."""
+
+    def capture(self, *args: Any, **kwargs: Any) -> CapturedGraph:
+        graph = super().capture(*args, **kwargs)
+        graph.outputs[:] = [torch.empty_like(o, device="meta") for o in graph.outputs]
+        return graph
+
+
+def test_a_graph_whose_outputs_sit_on_another_device_is_declined(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = OtherDeviceSetup(monkeypatch)
+    slot = setup.slot(scg=False, pi_direct=False)
+    args = _inputs()
+    (out,) = slot.decide(args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    assert slot.record.variant == Variant.NO_GRAPH
+    details = [r.detail for r in slot.record.skip_reasons]
+    assert any("output devices differ" in d for d in details), details
