@@ -89,6 +89,17 @@ def _why(graphs: list[Any]) -> list[tuple[str, str, list[Any]]]:
     ]
 
 
+def _step_both(
+    eager: torch.nn.Module, model: torch.nn.Module, optimizers: tuple[Any, ...], step: int
+) -> None:
+    """Gradients equal, both optimizers step and zero (``set_to_none``), parameters equal."""
+    _same_grads(eager, model, f"step {step}")
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _same_params(eager, model, f"after step {step}")
+
+
 def _train(
     eager: torch.nn.Module,
     model: torch.nn.Module,
@@ -107,12 +118,7 @@ def _train(
         loss_g = compiled(x)
         loss_g.backward()
         torch.testing.assert_close(loss_g, loss_e, **TOL, msg=lambda m, s=step: f"loss, step {s}: {m}")
-        _same_grads(eager, model, f"step {step}")
-        opt_e.step()
-        opt_g.step()
-        opt_e.zero_grad(set_to_none=True)
-        opt_g.zero_grad(set_to_none=True)
-        _same_params(eager, model, f"after step {step}")
+        _step_both(eager, model, (opt_e, opt_g), step)
 
 
 def test_training_steps_equal_eagers_and_run_in_cuda_graphs(tmp_path: Path, graphs: list[Any]) -> None:
@@ -158,12 +164,7 @@ def test_gradient_accumulation_without_zeroing(tmp_path: Path, graphs: list[Any]
             x = _batch(10 * step + micro)
             eager(x).backward()
             compiled(x).backward()
-        _same_grads(eager, model, f"step {step}")
-        opt_e.step()
-        opt_g.step()
-        opt_e.zero_grad(set_to_none=True)
-        opt_g.zero_grad(set_to_none=True)
-        _same_params(eager, model, f"after step {step}")
+        _step_both(eager, model, (opt_e, opt_g), step)
     assert _graph_launches(graphs).get("backward", 0) >= 4, _why(graphs)
 
 
