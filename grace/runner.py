@@ -84,7 +84,7 @@ from grace.capture import calling_threads
 from grace.compat import cuda as cuda_compat
 from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
-from grace.reasons import log_once
+from grace.reasons import SkipCode, SkipReason, log_once
 from grace.runplan import Environment, PIPrepare, RunnerPlan
 from grace.scg import DecisionKey, Variant
 from grace.slot import GraphSlot, RecentSlot, SlotState
@@ -150,10 +150,16 @@ class GraceRunner:
         _live_runners.add(self)
 
     def signature(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """Shapes, strides and dtypes of the dynamic inputs (with the device, for an input that is not on
+        the graph's device at this call), values of the integer inputs."""
         parts: list[Any] = []
+        device = self.plan.device
         for i in self.plan.dynamic_indices:
             t = args[i]
-            parts.append((t.shape, t.stride(), t.dtype))
+            if t.device == device or device is None:
+                parts.append((t.shape, t.stride(), t.dtype))
+            else:
+                parts.append((t.shape, t.stride(), t.dtype, t.device))
         for i in self.plan.scalar_indices:
             parts.append((type(args[i]), args[i]))
         return tuple(parts)
@@ -197,6 +203,15 @@ class GraceRunner:
     def _new_slot(self, key: tuple[Any, ...]) -> GraphSlot:
         with self.lock:
             slot = GraphSlot(self, describe_signature(key))
+            elsewhere = [p for p in key if len(p) == 4]
+            if elsewhere:  # an input on another device than the graph was compiled for: no capture
+                slot.set_no_graph(
+                    SkipReason(
+                        SkipCode.CPU_INPUT,
+                        f"a dynamic input is on {elsewhere[0][3]} at run time, not on {self.plan.device} "
+                        "as when the graph was compiled: such calls run without a graph",
+                    )
+                )
             self.slots[key] = slot
             while len(self.slots) > self.options.max_graphs_per_callable:
                 _, evicted = self.slots.popitem(last=False)
@@ -239,9 +254,10 @@ def describe_signature(key: tuple[Any, ...]) -> str:
     """A readable, stable text of a signature (also the decision cache's signature field)."""
     parts = []
     for part in key:
-        if len(part) == 3:
-            shape, stride, dtype = part
-            parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)}/{list(stride)}")
+        if len(part) in (3, 4):
+            shape, stride, dtype = part[:3]
+            where = f"@{part[3]}" if len(part) == 4 else ""
+            parts.append(f"{str(dtype).replace('torch.', '')}{list(shape)}/{list(stride)}{where}")
         else:
             kind, value = part
             parts.append(f"{kind.__name__}={value!r}")

@@ -328,3 +328,18 @@ def test_cloned_outputs_are_never_held(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.testing.assert_close(out, x * 2)
     (record,) = stats.snapshot()
     assert record["held_output_calls"] == 0 and record["graph_launches"] == 3
+
+
+def test_an_input_on_another_device_at_run_time_gets_a_slot_without_a_graph(cpu_runner: list[int]) -> None:
+    """A backward may get a tensor on the CPU where its example input was on the GPU (a random op's seed):
+    such a call has a signature of its own and never reaches a deciding call (the meta device stands for
+    the other device here)."""
+    plan = RunnerPlan("h", torch.device("cpu"), static_indices=(), dynamic_indices=(0,), scalar_indices=())
+    runner = GraceRunner(lambda x: [x * 2], plan, GraceOptions(warmup_calls=0), None)
+    (out,) = runner(torch.ones(3))
+    assert cpu_runner == [1] and out.device.type == "cpu"
+    (elsewhere,) = runner(torch.ones(3, device="meta"))
+    assert cpu_runner == [1] and elsewhere.device.type == "meta"
+    records = {r["signature"]: r for r in stats.snapshot()}
+    other = next(r for sig, r in records.items() if sig.endswith("@meta"))
+    assert other["variant"] == "no_graph" and other["skip_reasons"][0]["code"] == "cpu_input"

@@ -209,7 +209,7 @@ def test_this_torch_tells_the_inner_compile_its_forward_returns() -> None:
 
 
 def test_option_training_is_a_bool() -> None:
-    assert GraceOptions().training is True
+    assert GraceOptions().training is False  # opt-in until attention-dropout models pass (docs)
     with pytest.raises(ValueError, match="training must be a bool"):
         GraceOptions(training=1)  # type: ignore[arg-type]
 
@@ -240,7 +240,7 @@ def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyP
         torch.manual_seed(0)
         eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
         model = copy.deepcopy(eager)
-        compiled = torch.compile(model, backend=backend.GraceBackend(GraceOptions()))
+        compiled = torch.compile(model, backend=backend.GraceBackend(GraceOptions(training=True)))
         for _ in range(3):
             x = torch.randn(4, 8)
             eager(x).pow(2).sum().backward()

@@ -48,7 +48,7 @@ def _pair(
     torch.manual_seed(0)
     eager = Net(dtype, dropout).to(DEVICE)
     model = copy.deepcopy(eager)
-    opts = GraceOptions(cache_dir=str(tmp_path), scg_samples=3, scg_warmup=0, **options)
+    opts = GraceOptions(cache_dir=str(tmp_path), scg_samples=3, scg_warmup=0, training=True, **options)
     return eager, model, grace.compile(model, options=opts)
 
 
