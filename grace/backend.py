@@ -354,7 +354,7 @@ def _inner_runner(
         facts,
         pi_prepare,
         pi_note,
-        (inner.code_view(inner.compiled),),
+        (inner.code_view(),),
         role=found.role,
         kept_from=found.kept_from,
     )

@@ -142,16 +142,15 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
 
     noise: dict[str, float] = {}
 
-    def problem_of(spec: VariantSpec, graph: CapturedGraph) -> str | None:
+    def problem_of(variant: Variant) -> str | None:
         expected = (reference, reference_state, devices)
-        return _check_variant(facts, spec, graph, args, expected, start.restore, noise)
+        return _check_variant(facts, spec_of(variant), graphs[variant], args, expected, start.restore, noise)
 
     # In each spec's check order; candidates keep the capture order (part of the persisted key).
     order = sorted(graphs, key=lambda v: spec_of(v).check_rank)
-    problems = {v: problem_of(spec_of(v), graphs[v]) for v in order}
+    problems = {v: problem_of(v) for v in order}
     if not mutated:
-        recheck = lambda v: problem_of(spec_of(v), graphs[v])  # noqa: E731
-        problems = allow_noise(problems, recheck, facts, args, reference, start, noise)
+        problems = allow_noise(problems, problem_of, facts, args, reference, start, noise)
     for variant in list(graphs):
         checks.keep_if_it_passes(variant, problems[variant])
     if direct and len(checks.candidates) == 1:
@@ -194,13 +193,13 @@ def _capture_the_rest(
     wanted: Sequence[VariantSpec],
     tried: set[Variant],
     checks: _Checks,
-    problem_of: Callable[[VariantSpec, CapturedGraph], str | None],
+    problem_of: Callable[[Variant], str | None],
 ) -> None:
     for spec in (s for s in wanted if s.variant not in tried and not s.needs):
         graph = spec.capture(facts, args, graphs)
         if graph is not None:
             graphs[spec.variant] = graph
-            checks.keep_if_it_passes(spec.variant, problem_of(spec, graph))
+            checks.keep_if_it_passes(spec.variant, problem_of(spec.variant))
 
 
 @dataclass

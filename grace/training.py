@@ -57,17 +57,12 @@ class InnerFacts:
 def inner_facts(inner: InnerGraph) -> InnerFacts:
     """Static and dynamic tensor inputs and the first kept output of ``inner`` (module docstring)."""
     tensors = [i for i, v in enumerate(inner.example_inputs) if isinstance(v, torch.Tensor)]
-    if inner.role is GraphRole.FORWARD:
-        marked = set(inner.static_input_idxs)
-        static = tuple(i for i in tensors if i in marked)
-        return InnerFacts(
-            inner.role, static, tuple(i for i in tensors if i not in marked), inner.caller_outputs
-        )
     if inner.role is GraphRole.BACKWARD:
         return InnerFacts(inner.role, (), tuple(tensors), 0)
     marked = set(inner.static_input_idxs)
     static = tuple(i for i in tensors if i in marked)
-    return InnerFacts(inner.role, static, tuple(i for i in tensors if i not in marked), None)
+    kept_from = inner.caller_outputs if inner.role is GraphRole.FORWARD else None
+    return InnerFacts(inner.role, static, tuple(i for i in tensors if i not in marked), kept_from)
 
 
 def unboxed(compiled: Callable[[list[Any]], Any]) -> Callable[..., Any]:

@@ -175,12 +175,19 @@ def _inputs() -> list[torch.Tensor]:
     return [torch.randn(64), torch.randn(64)]
 
 
-def test_pi_graph_is_captured_against_the_copies_graph_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
-    setup = Setup(monkeypatch)
+def _decided(setup: Setup, **tolerance: Any) -> GraphSlot:
+    """A slot of ``setup`` (no timing, no direct PI graph) after its deciding call on ``_inputs()``,
+    whose output is checked against ``x * 2 + y`` (within ``tolerance``: assert_close's by default)."""
     slot = setup.slot(scg=False, pi_direct=False)
     args = _inputs()
     (out,) = slot.decide(args)
-    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    torch.testing.assert_close(out, args[0] * 2 + args[1], **tolerance)
+    return slot
+
+
+def test_pi_graph_is_captured_against_the_copies_graph_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    slot = _decided(setup)
     copies, pi = setup.captured
     assert set(copies) == set(pi) == {0, 1}
     assert all(pi[i] is copies[i] for i in copies)  # one set of placeholders for both graphs
@@ -205,10 +212,7 @@ def test_a_pi_graph_reading_its_placeholders_fails_although_they_hold_the_inputs
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     setup = Setup(monkeypatch, stuck=True)
-    slot = setup.slot(scg=False, pi_direct=False)
-    args = _inputs()
-    (out,) = slot.decide(args)
-    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    slot = _decided(setup)
     assert slot.decision is not None
     assert "max abs difference" in slot.decision.numeric_checks["graph_pi"]
     assert slot.decision.numeric_checks["graph_copies"] == "pass"
@@ -447,10 +451,7 @@ def test_a_callable_with_run_to_run_noise_keeps_its_graph(monkeypatch: pytest.Mo
     """Note: [Run-to-run noise]: the graph differs from the reference by the callable's own spread, which
     a second no-graph run shows; the graph is kept and the spread recorded."""
     setup = NoisySetup(monkeypatch, spread=1e-3)
-    slot = setup.slot(scg=False, pi_direct=False)
-    args = _inputs()
-    (out,) = slot.decide(args)
-    torch.testing.assert_close(out, args[0] * 2 + args[1], atol=3e-3, rtol=0)
+    slot = _decided(setup, atol=3e-3, rtol=0)
     assert slot.record.variant in (Variant.GRAPH_PI, Variant.GRAPH_COPIES)
     assert "numeric_noise" in {r.code.value for r in slot.record.skip_reasons}
     assert slot.noise and all(0 < v <= 4 * 2e-3 for v in slot.noise.values())
@@ -458,10 +459,7 @@ def test_a_callable_with_run_to_run_noise_keeps_its_graph(monkeypatch: pytest.Mo
 
 def test_run_to_run_noise_does_not_excuse_a_wrong_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     setup = NoisySetup(monkeypatch, spread=1e-3, wrong=0.5)
-    slot = setup.slot(scg=False, pi_direct=False)
-    args = _inputs()
-    (out,) = slot.decide(args)
-    torch.testing.assert_close(out, args[0] * 2 + args[1], atol=3e-3, rtol=0)
+    slot = _decided(setup, atol=3e-3, rtol=0)
     assert slot.record.variant == Variant.NO_GRAPH
     assert "numeric_mismatch" in {r.code.value for r in slot.record.skip_reasons}
 
@@ -478,10 +476,7 @@ class OtherDeviceSetup(Setup):
 
 def test_a_graph_whose_outputs_sit_on_another_device_is_declined(monkeypatch: pytest.MonkeyPatch) -> None:
     setup = OtherDeviceSetup(monkeypatch)
-    slot = setup.slot(scg=False, pi_direct=False)
-    args = _inputs()
-    (out,) = slot.decide(args)
-    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    slot = _decided(setup)
     assert slot.record.variant == Variant.NO_GRAPH
     details = [r.detail for r in slot.record.skip_reasons]
     assert any("output devices differ" in d for d in details), details

@@ -61,10 +61,10 @@ class InnerGraph:
         fn: Callable[[list[Any]], Any] = self.output_code.current_callable
         return fn
 
-    def code_view(self, compiled: Callable[[list[Any]], Any]) -> Any:
-        """An object that reads as the ``OutputCode`` whose entry is ``compiled`` (for finding the generated
-        module's kernels after ``install`` replaced the entry)."""
-        return types.SimpleNamespace(current_callable=compiled)
+    def code_view(self) -> Any:
+        """An object that reads as the ``OutputCode`` with its entry as it is now (for finding the
+        generated module's kernels after ``install`` replaced the entry)."""
+        return types.SimpleNamespace(current_callable=self.compiled)
 
     def install(self, entry: Callable[[list[Any]], Any]) -> None:
         """Make ``entry`` what AOTAutograd's calls of this graph run."""
@@ -85,29 +85,29 @@ def role_of(kwargs: Mapping[str, Any]) -> GraphRole:
     return GraphRole.FORWARD
 
 
-def forward_returns() -> int:
-    """How many of the forward graph's first outputs AOTAutograd hands back (not saved), or 0."""
+def _forward_metadata() -> Any:
+    """AOTAutograd's ``fw_metadata`` of the graph being compiled, or None."""
     try:
         from torch._guards import TracingContext
 
         context = TracingContext.try_get()
-        metadata = getattr(context, "fw_metadata", None) if context is not None else None
-        count = getattr(metadata, "num_forward_returns", None)
+        return getattr(context, "fw_metadata", None) if context is not None else None
     except Exception:
-        return 0
+        return None
+
+
+def forward_returns() -> int:
+    """How many of the forward graph's first outputs AOTAutograd hands back (not saved), or 0."""
+    count = getattr(_forward_metadata(), "num_forward_returns", None)
     return int(count) if isinstance(count, int) and count >= 0 else 0
 
 
 def donated_inputs() -> tuple[int, ...]:
     """Inputs of the backward being compiled whose memory it may reuse (AOTAutograd's donated buffers)."""
+    found = getattr(_forward_metadata(), "bw_donated_idxs", None) or ()
     try:
-        from torch._guards import TracingContext
-
-        context = TracingContext.try_get()
-        metadata = getattr(context, "fw_metadata", None) if context is not None else None
-        found = getattr(metadata, "bw_donated_idxs", None) or ()
         return tuple(int(i) for i in found)
-    except Exception:
+    except (TypeError, ValueError):
         return ()
 
 
