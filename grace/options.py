@@ -96,9 +96,8 @@ class GraceOptions:
         training: for a graph that needs autograd, run the forward and backward graphs AOTAutograd
             compiles with runners of their own (grace.training), each with the variants, PI and SCG of
             any graph; a forward never replays over tensors saved for a pending backward, nor a backward
-            over gradients still held (Note: [Outputs autograd keeps] in grace.outputs). Default False,
-            which runs such graphs with Inductor alone: training graphs of models with attention dropout
-            still fail on the H200 (docs/design/training.md), so this stays opt-in until they pass.
+            over gradients still held (Note: [Outputs autograd keeps] in grace.outputs). False runs such
+            graphs with Inductor alone, as grace did before.
     """
 
     cuda_graphs: bool = True
@@ -119,7 +118,7 @@ class GraceOptions:
     max_recaptures: int = 3
     rebind: bool = True
     max_rebinds: int = 64
-    training: bool = False
+    training: bool = True
 
     def __post_init__(self) -> None:
         for name in (

@@ -209,7 +209,7 @@ def test_this_torch_tells_the_inner_compile_its_forward_returns() -> None:
 
 
 def test_option_training_is_a_bool() -> None:
-    assert GraceOptions().training is False  # opt-in until attention-dropout models pass (docs)
+    assert GraceOptions().training is True
     with pytest.raises(ValueError, match="training must be a bool"):
         GraceOptions(training=1)  # type: ignore[arg-type]
 
