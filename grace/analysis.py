@@ -31,6 +31,7 @@ import torch
 from grace.compat import dispatch as dispatch_compat
 from grace.compat import dynamo as dynamo_compat
 from grace.compat import torch as torch_compat
+from grace.philox import seed_inputs, without_seeds
 from grace.reasons import SkipCode, SkipReason
 
 _VIEW_NAMES = frozenset(
@@ -76,6 +77,7 @@ def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> I
     scalars: list[int] = []
     devices: set[torch.device] = set()
     skip: SkipReason | None = None
+    seeds = set(seed_inputs(gm))  # Note: [Philox seeds of attention] in grace.philox
 
     def first(reason: SkipReason) -> None:
         nonlocal skip
@@ -87,10 +89,10 @@ def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> I
         if isinstance(value, torch.Tensor):
             placeholder = placeholders[i] if i < len(placeholders) else None
             (static if torch_compat.is_static_input(placeholder, value) else dynamic).append(i)
-            if value.device.type != "cuda":
-                first(SkipReason(SkipCode.CPU_INPUT, f"input {name} is on {value.device}"))
-            else:
+            if value.device.type == "cuda":
                 devices.add(value.device)
+            elif i not in seeds:
+                first(SkipReason(SkipCode.CPU_INPUT, f"input {name} is on {value.device}"))
         elif isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
             scalars.append(i)
         else:
@@ -99,7 +101,7 @@ def analyze_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> I
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        value = torch_compat.node_example_value(node)
+        value = without_seeds(node, torch_compat.node_example_value(node))
         for tensor in _tensors_in(value):
             if tensor.device.type == "cuda":
                 devices.add(tensor.device)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from grace import philox
 from grace.adapting import InputAdapting
 from grace.analysis import InputAnalysis, analyze_inputs, graph_effects
 from grace.compat import cuda as cuda_compat
@@ -257,6 +258,7 @@ class _Unit:
     output_codes: tuple[Any, ...]
     role: GraphRole = GraphRole.INFERENCE
     kept_from: int | None = None
+    seed_outputs: tuple[int, ...] = ()
 
 
 def _graph_hash(gm: torch.fx.GraphModule) -> str:
@@ -288,6 +290,7 @@ def _guarded(unit: _Unit, stage: _Stage, options: GraceOptions, eager: Callable[
         random_ops=facts.random_ops,
         role=unit.role,
         kept_from=unit.kept_from,
+        seed_outputs=unit.seed_outputs,
     )
     safe = SafePath(counted, stage.adapter, eager)
     try:
@@ -347,6 +350,7 @@ def _inner_runner(
     mutated = tuple(sorted(set(facts.mutated) | set(inner.donated)))
     facts = _Facts(analysis, mutated, facts.random_ops)
     pi_prepare, pi_note = _pi_seam(analysis.skip, options)
+    compiled = philox.host_seeds(compiled, found.seed_inputs)  # Note: [Philox seeds of attention]
     unit = _Unit(
         inner.gm,
         example_inputs,
@@ -357,6 +361,7 @@ def _inner_runner(
         (inner.code_view(),),
         role=found.role,
         kept_from=found.kept_from,
+        seed_outputs=found.seed_outputs,
     )
     return _guarded(unit, _Stage(inner.gm, example_inputs), options, eager=compiled)
 

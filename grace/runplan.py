@@ -52,6 +52,7 @@ class RunnerPlan:
     random_ops: tuple[str, ...] = ()  # operators that draw random numbers (grace.rebind declines them)
     role: GraphRole = GraphRole.INFERENCE  # a graph of AOTAutograd's training pair (grace.training)
     kept_from: int | None = None  # Note: [Outputs autograd keeps] in grace.outputs; None: inference
+    seed_outputs: tuple[int, ...] = ()  # outputs whose device is the stream's mode (grace.philox)
 
 
 @dataclass(frozen=True)

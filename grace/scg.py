@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -235,15 +235,28 @@ def max_abs_difference(reference: Any, candidate: Any) -> float:
 
 
 def output_devices(value: Any) -> tuple[str, ...]:
-    """The device type of each tensor in an output structure, in order (a graph must give the same as
-    a no-graph run: a tensor on another device is another value to its reader)."""
+    """The device type of each leaf of an output structure, in order ("" for a leaf that is no tensor),
+    so that a flat output's positions are its items' (see ``devices_differ``)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return (value.device.type,)
     if isinstance(value, (list, tuple)):
         return tuple(d for item in value for d in output_devices(item))
-    return ()
+    return ("",)
+
+
+def devices_differ(graph: Sequence[str], no_graph: Sequence[str], free: Collection[int] = ()) -> str | None:
+    """What differs between the devices of a replay's outputs and a no-graph run's (``output_devices``),
+    or None. A graph must give the same as a no-graph run: a tensor on another device is another value
+    to its reader; only positions in ``free`` may differ (Note: [Philox seeds of attention] in
+    grace.philox)."""
+    if len(graph) != len(no_graph):
+        return f"output devices differ: graph {list(graph)} vs no graph {list(no_graph)}"
+    for i, (got, want) in enumerate(zip(graph, no_graph, strict=True)):
+        if got != want and i not in free:
+            return f"output devices differ at output {i}: graph {got!r} vs no graph {want!r}"
+    return None
 
 
 def outputs_match(

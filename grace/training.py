@@ -23,6 +23,9 @@ the same slots, variants, PI, SCG and checks as any graph. What differs is state
 - the rule for saved tensors: a forward never replays over saved tensors that a pending backward still
   needs (they are kept outputs, so that call runs without the graph, in fresh memory, as Inductor alone
   would); a backward never replays over gradients something still holds.
+- Philox seeds (Note: [Philox seeds of attention] in grace.philox): an attention forward's seed
+  outputs may sit on another device in a replay than in a plain run, and the backward's plain runs get
+  host copies of device seeds;
 - the calling convention: AOTAutograd passes a list that the callee empties (so that saved tensors can
   be freed early); the entry empties it and calls the runner with the values.
 
@@ -39,6 +42,7 @@ from typing import Any
 
 import torch
 
+from grace import philox
 from grace.compat.aot import GraphRole, InnerGraph
 
 logger = logging.getLogger(__name__)
@@ -52,17 +56,21 @@ class InnerFacts:
     static_indices: tuple[int, ...]
     dynamic_indices: tuple[int, ...]
     kept_from: int | None
+    seed_inputs: tuple[int, ...] = ()  # Note: [Philox seeds of attention] in grace.philox
+    seed_outputs: tuple[int, ...] = ()
 
 
 def inner_facts(inner: InnerGraph) -> InnerFacts:
     """Static and dynamic tensor inputs and the first kept output of ``inner`` (module docstring)."""
     tensors = [i for i, v in enumerate(inner.example_inputs) if isinstance(v, torch.Tensor)]
+    seeds_in, seeds_out = philox.seed_inputs(inner.gm), philox.seed_outputs(inner.gm)
     if inner.role is GraphRole.BACKWARD:
-        return InnerFacts(inner.role, (), tuple(tensors), 0)
+        return InnerFacts(inner.role, (), tuple(tensors), 0, seeds_in, seeds_out)
     marked = set(inner.static_input_idxs)
     static = tuple(i for i in tensors if i in marked)
+    dynamic = tuple(i for i in tensors if i not in marked)
     kept_from = inner.caller_outputs if inner.role is GraphRole.FORWARD else None
-    return InnerFacts(inner.role, static, tuple(i for i in tensors if i not in marked), kept_from)
+    return InnerFacts(inner.role, static, dynamic, kept_from, seeds_in, seeds_out)
 
 
 def unboxed(compiled: Callable[[list[Any]], Any]) -> Callable[..., Any]:

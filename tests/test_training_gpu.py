@@ -219,3 +219,50 @@ def test_a_compiled_optimizer_step_runs_once_per_call(tmp_path: Path) -> None:
         opt_e.zero_grad(set_to_none=True)
         opt_g.zero_grad(set_to_none=True)
         _same_params(eager, model, f"after step {k}", rtol=1e-4, atol=1e-5)  # a second run: 1e-2 off
+
+
+class Attention(torch.nn.Module):
+    """One self-attention layer whose SDPA with dropout runs memory-efficient attention (float32:
+    flash attention takes no float32), which returns its Philox seeds (grace.philox)."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 3 * 64)
+        self.proj = torch.nn.Linear(64, 64)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+        p = self.dropout if self.training else 0.0
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        return (self.proj(h.transpose(1, 2).reshape_as(x)) - x).pow(2).mean()
+
+
+def test_attention_dropout_runs_both_graphs_and_draws_eagers_masks(tmp_path: Path, graphs: list[Any]) -> None:
+    """Note: [Philox seeds of attention]: a replayed forward hands its backward device seeds, a plain
+    run host seeds; both graphs are captured, and every step equals eager's from the same generator."""
+    torch.manual_seed(0)
+    eager = Attention(0.3).to(DEVICE)
+    model = copy.deepcopy(eager)
+    opts = GraceOptions(cache_dir=str(tmp_path), scg_samples=3, scg_warmup=0, training=True, scg=False)
+    compiled = grace.compile(model, options=opts)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    for step in range(8):
+        generator = torch.Generator(device=DEVICE).manual_seed(200 + step)
+        x = torch.randn(4, 32, 64, device=DEVICE, generator=generator)
+        torch.manual_seed(1000 + step)
+        loss_e = eager(x)
+        loss_e.backward()
+        torch.manual_seed(1000 + step)
+        loss_g = compiled(x)
+        loss_g.backward()
+        torch.testing.assert_close(loss_g, loss_e, **tol, msg=lambda m, s=step: f"loss, step {s}: {m}")
+        _same_grads(eager, model, f"step {step}", **tol)
+        for opt in (opt_e, opt_g):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _same_params(eager, model, f"after step {step}", **tol)
+    launches = _graph_launches(graphs)
+    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, (launches, _why(graphs))

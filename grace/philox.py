@@ -1,0 +1,113 @@
+"""Philox seeds that live on the host outside a capture and on the device inside one.
+
+Note: [Philox seeds of attention]
+Problem: memory-efficient attention with dropout (``_scaled_dot_product_efficient_attention``,
+``_efficient_attention_forward``) returns the Philox seed and offset it drew with as tensors whose place
+depends on the stream: 0-dimensional int64 CPU tensors in a plain run, CUDA tensors written by a kernel
+while a stream captures (a replay must draw new numbers without the host). Its backward reads them by
+the same rule: as device pointers while capturing, by dereferencing them on the host otherwise. So in
+training the forward graph's replay hands the backward device seeds, and every plain run of that
+backward (its warm-up, the deciding call's reference, checks, the fallback entry) would dereference a
+device pointer on the host.
+
+Design: the seeds are found by the schema names of the attention ops (``philox_seed``,
+``philox_offset``), not by their example values (AOTAutograd's fake seeds sit on the device):
+- ``seed_outputs``: a graph's outputs that are such returns; their device may differ between a replay
+  and a plain run (``grace.scg.devices_differ`` lets them), and nothing else's may;
+- ``seed_inputs``: placeholders passed as such arguments; the analysis does not count them as CPU
+  inputs (``without_seeds`` for node values likewise);
+- ``host_seeds``: the graph's entry, wrapped so that outside a capture a 0-dimensional device seed
+  becomes a host copy before the op reads it. Inside a capture the device seed is passed as it is, so
+  the captured backward reads the seeds each forward replay writes. Flash attention keeps its
+  ``rng_state`` on the device in both modes (not 0-dimensional) and is passed unchanged.
+
+Invariant: a backward that receives host seeds (its forward ran without a graph) gets a slot of its own
+that runs without a graph (a dynamic input on another device: grace.runner), so a captured backward
+never reads a host pointer, and a plain run never dereferences a device one.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+SEED_NAMES = frozenset({"philox_seed", "philox_offset"})
+
+
+def _schema(node: torch.fx.Node) -> Any:
+    return getattr(node.target, "_schema", None) if node.op == "call_function" else None
+
+
+def _is_seed_return(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is ``getitem(op, i)`` where the op's i-th return is named as a seed."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) < 2:
+        return False
+    source, index = node.args[0], node.args[1]
+    schema = _schema(source) if isinstance(source, torch.fx.Node) else None
+    if schema is None or not isinstance(index, int) or not 0 <= index < len(schema.returns):
+        return False
+    return schema.returns[index].name in SEED_NAMES
+
+
+def seed_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions in ``gm``'s output tuple that hold an attention op's Philox seed or offset."""
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None or not output.args:
+        return ()
+    values = output.args[0]
+    if not isinstance(values, (list, tuple)):
+        values = (values,)
+    return tuple(i for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and _is_seed_return(v))
+
+
+def seed_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions of ``gm``'s placeholders that an op takes as an argument named as a seed."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    found: set[int] = set()
+    for node in gm.graph.nodes:
+        schema = _schema(node)
+        if schema is None:
+            continue
+        for position, argument in enumerate(schema.arguments):
+            if argument.name not in SEED_NAMES:
+                continue
+            value = node.kwargs.get(argument.name, node.args[position] if position < len(node.args) else None)
+            if isinstance(value, torch.fx.Node) and value in placeholders:
+                found.add(placeholders[value])
+    return tuple(sorted(found))
+
+
+def without_seeds(node: torch.fx.Node, value: Any) -> Any:
+    """``value`` (a node's example value) with an attention op's seeds left out: their device is the
+    stream's mode, not the graph's (module docstring)."""
+    schema = _schema(node)
+    if _is_seed_return(node):
+        return None
+    if schema is not None and isinstance(value, (list, tuple)) and len(value) == len(schema.returns):
+        return [None if r.name in SEED_NAMES else v for r, v in zip(schema.returns, value, strict=True)]
+    return value
+
+
+def _host_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type != "cpu":
+        return value.cpu()
+    return value
+
+
+def host_seeds(compiled: Callable[..., Any], indices: Sequence[int]) -> Callable[..., Any]:
+    """``compiled`` (positional inputs) with the seed inputs at ``indices`` as host copies whenever the
+    current stream is not capturing (module docstring); ``compiled`` itself when there are none."""
+    if not indices:
+        return compiled
+    wanted = frozenset(indices)
+
+    def run_with_host_seeds(*args: Any) -> Any:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return compiled(*args)
+        return compiled(*(_host_copy(a) if i in wanted else a for i, a in enumerate(args)))
+
+    run_with_host_seeds.__wrapped__ = compiled  # type: ignore[attr-defined]
+    return run_with_host_seeds
