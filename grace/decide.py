@@ -402,7 +402,7 @@ def _choose(
     samples = {Variant.NO_GRAPH: no_graph_samples, **timed} if no_graph_samples is not None else timed
     med = medians(samples)
     decision = Decision(
-        choose(med),
+        choose(med, options.scg_margin),
         DecisionSource.PROFILED,
         medians_ms={v.value: m for v, m in med.items()},
         samples_ms={v.value: tuple(s) for v, s in samples.items()},

@@ -52,6 +52,9 @@ class GraceOptions:
             graph when one could be captured and passed its numeric check (PI if it works, else copies).
         scg_samples: timed samples per variant (median taken); at least 3.
         scg_warmup: untimed runs per variant before the samples.
+        scg_margin: how much faster (a fraction of its median) the no-graph variant must be than the
+            fastest graph variant to be chosen; a nearer tie goes to the graph, which also frees the
+            host. 0 takes the smaller median.
         cache_dir: directory of the persistent SCG decision cache; None uses ``$GRACE_CACHE_DIR`` or
             the user cache directory (``$XDG_CACHE_HOME/grace`` or ``~/.cache/grace``).
         persist_decisions: read and write SCG decisions in ``cache_dir``.
@@ -87,6 +90,12 @@ class GraceOptions:
             of the static inputs; past it, moves are captured (within ``max_recaptures``). A rebound
             graph has no memory pool of its own (its executable graph and, with PI, a pointer table), so
             this bound is larger. A signature holds at most 1 + max_recaptures + max_rebinds graphs.
+        max_output_sets: sets of outputs one signature's graph may have for the same static inputs
+            (Note: [Output sets] in grace.slot): when a replay would overwrite outputs that something
+            is counted to hold (a forward's saved tensors while its backward is pending, a layer's
+            gradients that are a ``.grad``, outputs held within one call), the graph is captured once
+            more with outputs of its own, up to this many in all; past it, such calls run without the
+            graph. 1 keeps one set. Each set is a graph with its own memory pool.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -108,6 +117,7 @@ class GraceOptions:
     scg: bool = True
     scg_samples: int = 15
     scg_warmup: int = 2
+    scg_margin: float = 0.01
     cache_dir: str | None = None
     persist_decisions: bool = True
     clone_outputs: bool = False
@@ -118,6 +128,7 @@ class GraceOptions:
     max_recaptures: int = 3
     rebind: bool = True
     max_rebinds: int = 64
+    max_output_sets: int = 16
     training: bool = True
 
     def __post_init__(self) -> None:
@@ -142,12 +153,16 @@ class GraceOptions:
             "warmup_calls": 0,
             "max_recaptures": 0,
             "max_rebinds": 0,
+            "max_output_sets": 1,
             "host_reference_bytes": 0,
         }
         for name, low in minimums.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise GraceOptionsError(f"GraceOptions.{name} must be an int >= {low}, got {value!r}")
+        margin = self.scg_margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            raise GraceOptionsError(f"GraceOptions.scg_margin must be a number in [0, 1), got {margin!r}")
         if self.pi_table_update not in PI_TABLE_UPDATES:
             raise GraceOptionsError(
                 f"GraceOptions.pi_table_update must be one of {list(PI_TABLE_UPDATES)}, "

@@ -85,9 +85,10 @@ from grace.compat import cuda as cuda_compat
 from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
 from grace.reasons import SkipCode, SkipReason, log_once
+from grace.recent import RecentSlot
 from grace.runplan import Environment, PIPrepare, RunnerPlan
 from grace.scg import DecisionKey, Variant
-from grace.slot import GraphSlot, RecentSlot, SlotState
+from grace.slot import GraphSlot, SlotState
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class GraceRunner:
         self.lock = threading.RLock()
         self.slots: OrderedDict[Any, GraphSlot] = OrderedDict()
         self._adapter = plan.input_adapter
-        self._recent: RecentSlot | None = None
+        self._recent: RecentSlot[GraphSlot] | None = None
         self._skip_record: grace_stats.GraphStats | None = None
         device = plan.device
         # The device whose context a call's driver work needs current in the calling thread (None: no

@@ -164,13 +164,20 @@ def medians(samples: Mapping[Variant, Sequence[float]]) -> dict[Variant, float]:
     return {v: float(statistics.median(s)) for v, s in samples.items() if s}
 
 
-def choose(medians_ms: Mapping[Variant, float]) -> Variant:
+def choose(medians_ms: Mapping[Variant, float], margin: float = 0.0) -> Variant:
     """The variant with the smallest median; ties go to the earlier variant in ``Variant`` order (a
-    variant of another enum, registered in grace.variants, after those)."""
+    variant of another enum, registered in grace.variants, after those). No graph wins only when it is
+    faster than the fastest graph variant by more than ``margin`` (a fraction of its median): a
+    near-tie goes to the graph, which also frees the host (option ``scg_margin``)."""
     if not medians_ms:
         raise ValueError("choose() needs at least one timed variant")
     rank = {v: i for i, v in enumerate(Variant)}
-    return min(medians_ms, key=lambda v: (medians_ms[v], rank.get(v, len(rank))))
+    best = min(medians_ms, key=lambda v: (medians_ms[v], rank.get(v, len(rank))))
+    graphs = [v for v in medians_ms if v != Variant.NO_GRAPH]
+    if best != Variant.NO_GRAPH or not graphs or margin <= 0:
+        return best
+    best_graph = min(graphs, key=lambda v: (medians_ms[v], rank.get(v, len(rank))))
+    return best_graph if medians_ms[best_graph] <= medians_ms[best] * (1.0 + margin) else best
 
 
 # --- numeric check -----------------------------------------------------------------------------

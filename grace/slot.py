@@ -8,7 +8,8 @@ Design: ``GraphSlot.state`` is a ``SlotState`` and ``run`` dispatches on it (the
 invariants are Note: [Slot states] in grace.runner). The deciding call (grace.decide) returns a frozen
 ``SlotDecision`` that ``GraphSlot`` applies itself; it writes ``record.variant`` in ``_enter`` only.
 A graph variant runs through its ``VariantSpec`` (grace.variants). Graphs made for other static-input
-addresses are kept aside (``_KeptGraph``) and used again when those addresses come back; a rebind
+addresses, and further sets of outputs for the same ones (Note: [Output sets]), are kept aside
+(``_KeptGraph``) and used again when those addresses come back or those outputs are free; a rebind
 (grace.rebind) makes one from the current graph without a deciding call.
 
 Invariants: those of Note: [Slot states] in grace.runner; in particular ``graph`` and ``spec`` are set
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +29,10 @@ from grace import decide as deciding
 from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
-from grace.picking import Picker, picker
 from grace.reasons import SkipCode, SkipReason, log_once
+from grace.recent import RecentSlot
 from grace.rerun import CallStart, input_versions
-from grace.runplan import RunnerPlan, SlotFacts, SlotOwner
+from grace.runplan import SlotFacts, SlotOwner
 from grace.scg import Decision, Variant, outputs_match
 from grace.variants import VariantSpec, spec_of
 from grace.verify import check_against_reference, graph_health, synchronize
@@ -86,7 +87,7 @@ class GraphSlot:
         self.rebind_blocked = False
         # The runner's check that a call has this slot's signature (built on the slot's first call;
         # stays None where this torch has no C++ tensor check).
-        self.recent: RecentSlot | None = None
+        self.recent: RecentSlot[GraphSlot] | None = None
 
     def run(self, args: Sequence[Any]) -> Any:
         """One call of the slot, by its state."""
@@ -135,6 +136,8 @@ class GraphSlot:
             if held is not HeldState.NONE:
                 if graph.shares_outputs and self._held_by_family(graph, args, held):
                     return self._leave_family(args)
+                if held is HeldState.HELD:
+                    return self._another_output_set(args, generation)
                 return self._run_outputs_held(args)
             graph.note_replay(generation)
         if self.verify_calls or self.verify_ptrs is not None:
@@ -177,6 +180,35 @@ class GraphSlot:
         graph.release()
         self.note_graphs()
         return self.decide(args)
+
+    def _another_output_set(self, args: Sequence[Any], generation: int) -> Any:
+        """Note: [Output sets]
+        A graph's outputs are counted as held (``HeldState.HELD``): a forward whose saved tensors a
+        pending backward needs (two micro-batches, or one compiled layer called for each layer of a
+        model), a backward whose gradients are a parameter's ``.grad``, outputs held within one call.
+        Eager would allocate fresh outputs; a graph has one set. So the slot keeps several graphs of
+        the same signature and static inputs, each with outputs of its own (in ``kept``, beside the
+        graphs of other static addresses): this call replays one whose outputs nothing holds, or, while
+        the slot has fewer than option ``max_output_sets`` for these static inputs, makes a new one
+        with a deciding call of its own (captured, checked against the no-graph run, the slot's
+        previous decision kept when it passes); past that bound it runs without a graph. A graph
+        replays only when nothing holds its own outputs, as before; the sets never share memory."""
+        for i in range(len(self.kept) - 1, -1, -1):
+            graph = self.kept[i].graph
+            if graph.static_inputs_unmoved(args) and graph.held_outputs(generation) is HeldState.NONE:
+                self._swap_in(self.kept.pop(i))
+                return self.run(args)
+        sets = 1 + sum(1 for kept in self.kept if kept.graph.static_inputs_unmoved(args))
+        if sets >= self.runner.options.max_output_sets:
+            return self._run_outputs_held(args)
+        self._keep_current()
+        return self.decide(args)
+
+    def _swap_in(self, kept: _KeptGraph) -> None:
+        """Make ``kept`` the slot's graph, the current one kept aside."""
+        self._keep_current()
+        self.graph, self.spec = kept.graph, kept.spec
+        self.verify_calls, self.verify_ptrs = kept.verify_calls, kept.verify_ptrs
 
     def _run_outputs_held(self, args: Sequence[Any]) -> Any:
         """This call without the graph: a replay would overwrite outputs of the graph's previous replay
@@ -327,9 +359,7 @@ class GraphSlot:
     def _static_moved(self, args: Sequence[Any]) -> Any:
         kept = self._kept_for(args)
         if kept is not None:  # a graph captured for these very addresses: use it again
-            self._keep_current()
-            self.graph, self.spec = kept.graph, kept.spec
-            self.verify_calls, self.verify_ptrs = kept.verify_calls, kept.verify_ptrs
+            self._swap_in(kept)
             return self.run(args)
         record = self.record
         options = self.runner.options
@@ -445,42 +475,3 @@ class GraphSlot:
         self.drop_for_mismatch(self.record.variant, "deciding call's replay", problem)
         start.restore()
         return self.runner.compiled(*args)
-
-
-class RecentSlot:
-    """The slot of the last call, with a check that this call has its signature without rebuilding it.
-
-    The tensor check (``torch_compat.tensor_metadata_check``) is stricter than the signature (it also
-    compares device, dispatch keys and requires_grad), so a match always means the same signature and a
-    mismatch only sends the call down the full path. Scalars are compared with their types, as in the
-    signature."""
-
-    __slots__ = ("_check", "_scalar_values", "_scalars", "_tensors", "slot")
-
-    def __init__(
-        self,
-        slot: GraphSlot,
-        check: Callable[..., bool],
-        tensors: Picker,
-        scalars: Picker,
-        scalar_values: tuple[tuple[type, Any], ...],
-    ) -> None:
-        self.slot = slot
-        self._check = check
-        self._tensors = tensors
-        self._scalars = scalars
-        self._scalar_values = scalar_values
-
-    @classmethod
-    def build(cls, plan: RunnerPlan, args: Sequence[Any], slot: GraphSlot) -> RecentSlot | None:
-        tensors = picker(plan.dynamic_indices)
-        check = torch_compat.tensor_metadata_check(tensors(args))
-        if check is None:
-            return None
-        scalars = picker(plan.scalar_indices)
-        return cls(slot, check, tensors, scalars, tuple((type(v), v) for v in scalars(args)))
-
-    def matches(self, args: Sequence[Any]) -> bool:
-        if self._scalar_values and tuple((type(v), v) for v in self._scalars(args)) != self._scalar_values:
-            return False
-        return bool(self._check(*self._tensors(args)))

@@ -139,8 +139,9 @@ def test_outputs_another_thread_holds_are_never_overwritten(
     make_runner: Callable[..., tuple[GraceRunner, list[str]]],
 ) -> None:
     """Note: [Outputs and threads]: the main thread holds the graph's own output tensor when a second
-    thread calls; that call runs without the graph, and later replays wait until nothing is held."""
-    runner, log = make_runner()
+    thread calls; with one set of outputs (Note: [Output sets] in grace.slot) that call runs without
+    the graph, and later replays wait until nothing is held."""
+    runner, log = make_runner(max_output_sets=1)
     w = torch.ones(())
     xa, xb, xc, xd = (torch.full((2, 3), float(v)) for v in (1, 2, 3, 4))
     runner(w, torch.zeros(2, 3), 1)  # warm-up
@@ -328,7 +329,7 @@ def test_a_graph_released_with_nothing_held_frees_its_pool_at_once() -> None:
 def test_reset_releases_every_graph_and_a_held_pool_once_its_outputs_are_dropped(
     make_runner: Callable[..., tuple[GraceRunner, list[str]]],
 ) -> None:
-    runner, log = make_runner()
+    runner, log = make_runner(max_output_sets=1)  # one graph, whatever earlier tests' threads left
     waiting = pools.waiting()
     w = torch.ones(())
     for _ in range(2):

@@ -284,9 +284,10 @@ def test_a_graph_never_overwrites_outputs_held_within_one_compiled_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One compiled call (generation) runs the same graph per layer and keeps every layer's output: no
-    replay may overwrite an output still held; across calls outputs are overwritten, as documented."""
+    replay may overwrite an output still held; across calls outputs are overwritten, as documented. One
+    set of outputs (Note: [Output sets] in grace.slot): the held calls run without the graph."""
     generation = [1]
-    runner, static_out = _held_output_runner(monkeypatch, generation)
+    runner, static_out = _held_output_runner(monkeypatch, generation, max_output_sets=1)
     w = torch.ones(())
     layers = [torch.full((2, 3), float(k)) for k in range(4)]
     runner(w, layers[0], 1)  # warm-up, no graph

@@ -107,6 +107,14 @@ def test_choose_takes_smallest_median_and_breaks_ties_by_order() -> None:
     assert scg.choose({Variant.NO_GRAPH: 0.107, Variant.GRAPH_COPIES: 0.271}) is Variant.NO_GRAPH
     assert scg.choose({Variant.NO_GRAPH: 1.9, Variant.GRAPH_COPIES: 0.92}) is Variant.GRAPH_COPIES
     assert scg.choose({Variant.GRAPH_PI: 0.5, Variant.NO_GRAPH: 0.5}) is Variant.NO_GRAPH
+
+
+def test_a_near_tie_within_the_margin_goes_to_the_fastest_graph() -> None:
+    medians = {Variant.NO_GRAPH: 13.4995, Variant.GRAPH_PI: 13.5523, Variant.GRAPH_COPIES: 13.6}
+    assert scg.choose(medians) is Variant.NO_GRAPH
+    assert scg.choose(medians, margin=0.01) is Variant.GRAPH_PI  # 0.39% slower
+    assert scg.choose({Variant.NO_GRAPH: 0.1843, Variant.GRAPH_PI: 0.1888}, 0.01) is Variant.NO_GRAPH
+    assert scg.choose({Variant.NO_GRAPH: 1.0}, margin=0.5) is Variant.NO_GRAPH
     with pytest.raises(ValueError):
         scg.choose({})
     assert scg.medians({Variant.NO_GRAPH: [3.0, 1.0, 2.0]}) == {Variant.NO_GRAPH: 2.0}

@@ -31,19 +31,27 @@ def _fresh_stats() -> Iterator[None]:
 
 
 def _training_runner(
-    monkeypatch: pytest.MonkeyPatch, generation: list[int], kept_from: int, role: GraphRole
-) -> tuple[GraceRunner, list[torch.Tensor]]:
-    """A runner over a real CapturedGraph whose two outputs are ``x * 2`` (what the caller gets) and
-    ``x + 1`` (what a forward saves for its backward)."""
+    monkeypatch: pytest.MonkeyPatch,
+    generation: list[int],
+    kept_from: int,
+    role: GraphRole,
+    output_sets: int = 1,
+) -> tuple[GraceRunner, list[list[torch.Tensor]]]:
+    """A runner over real CapturedGraphs whose two outputs are ``x * 2`` (what the caller gets) and
+    ``x + 1`` (what a forward saves for its backward); each capture has outputs of its own, listed in
+    capture order in the second item (Note: [Output sets] in grace.slot)."""
     placeholder = torch.zeros(2, 3)
-    own = [torch.zeros(2, 3), torch.zeros(2, 3)]
-
-    class Writes:
-        def replay(self) -> None:
-            own[0].copy_(placeholder * 2)
-            own[1].copy_(placeholder + 1)
+    sets: list[list[torch.Tensor]] = []
 
     def capture(facts: Any, args: Sequence[Any]) -> Any:
+        own = [torch.zeros(2, 3), torch.zeros(2, 3)]
+        sets.append(own)
+
+        class Writes:
+            def replay(self) -> None:
+                own[0].copy_(placeholder * 2)
+                own[1].copy_(placeholder + 1)
+
         return fakes.captured_graph(
             Writes(),
             placeholders={0: placeholder},
@@ -58,8 +66,9 @@ def _training_runner(
     plan = RunnerPlan(
         "h", CPU, static_indices=(), dynamic_indices=(0,), scalar_indices=(), role=role, kept_from=kept_from
     )
-    runner = GraceRunner(lambda x: [x * 2, x + 1], plan, GraceOptions(), None)
-    return runner, own
+    options = GraceOptions(max_output_sets=output_sets)
+    runner = GraceRunner(lambda x: [x * 2, x + 1], plan, options, None)
+    return runner, sets
 
 
 def test_a_forward_never_replays_over_tensors_saved_for_a_pending_backward(
@@ -68,11 +77,12 @@ def test_a_forward_never_replays_over_tensors_saved_for_a_pending_backward(
     """Output 1 is saved for the backward (kept from position 1): while something holds it, a call in a
     later compiled call runs without the graph; the caller's output 0 follows the per-call contract."""
     generation = [1]
-    runner, own = _training_runner(monkeypatch, generation, kept_from=1, role=GraphRole.FORWARD)
+    runner, sets = _training_runner(monkeypatch, generation, kept_from=1, role=GraphRole.FORWARD)
     xs = [torch.full((2, 3), float(k)) for k in range(5)]
     runner(xs[0])  # warm-up
     generation[0] = 2
     user, saved = runner(xs[1])  # the deciding call's replay
+    (own,) = sets
     assert saved is not own[1] and saved.data_ptr() == own[1].data_ptr()  # an alias from the first replay
     assert user is not own[0]
     generation[0] = 3
@@ -96,10 +106,11 @@ def test_a_backward_never_replays_over_gradients_still_held(monkeypatch: pytest.
     """Every output of a backward is kept (a parameter's ``.grad`` may be one): accumulation without
     zeroing holds them, and such calls run without the graph; once dropped, the graph replays."""
     generation = [1]
-    runner, own = _training_runner(monkeypatch, generation, kept_from=0, role=GraphRole.BACKWARD)
+    runner, sets = _training_runner(monkeypatch, generation, kept_from=0, role=GraphRole.BACKWARD)
     xs = [torch.full((2, 3), float(k)) for k in range(4)]
     runner(xs[0])
     grads = runner(xs[1])
+    (own,) = sets
     assert all(g is not o for g, o in zip(grads, own, strict=True))
     generation[0] = 2
     again = runner(xs[2])
@@ -112,6 +123,37 @@ def test_a_backward_never_replays_over_gradients_still_held(monkeypatch: pytest.
     torch.testing.assert_close(last[1], xs[3] + 1)
     (record,) = stats.snapshot()
     assert (record["held_output_calls"], record["graph_launches"]) == (1, 2)
+
+
+def test_a_forward_whose_saved_tensors_are_held_replays_another_output_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note: [Output sets]: the first forward's saved tensor is held, so the second call captures the
+    graph once more with outputs of its own; with both held and the bound (2) reached, a call runs
+    without a graph; once the first set is free, it replays again. No held output is ever overwritten."""
+    generation = [1]
+    runner, sets = _training_runner(monkeypatch, generation, 1, GraphRole.FORWARD, output_sets=2)
+    xs = [torch.full((2, 3), float(k)) for k in range(6)]
+    runner(xs[0])  # warm-up
+    generation[0] = 2
+    _, saved_a = runner(xs[1])
+    generation[0] = 3
+    _, saved_b = runner(xs[2])  # ``saved_a`` is held: a second set
+    assert len(sets) == 2
+    assert (saved_a.data_ptr(), saved_b.data_ptr()) == (sets[0][1].data_ptr(), sets[1][1].data_ptr())
+    generation[0] = 4
+    _, saved_c = runner(xs[3])  # both held, two sets already: no graph
+    assert len(sets) == 2 and saved_c.data_ptr() not in {own[1].data_ptr() for own in sets}
+    for saved, x in ((saved_a, xs[1]), (saved_b, xs[2]), (saved_c, xs[3])):
+        torch.testing.assert_close(saved, x + 1)
+    del saved_a  # the first backward ran
+    generation[0] = 5
+    _, saved_d = runner(xs[4])  # the first set is free again
+    assert saved_d.data_ptr() == sets[0][1].data_ptr()
+    torch.testing.assert_close(saved_d, xs[4] + 1)
+    torch.testing.assert_close(saved_b, xs[2] + 1)
+    (record,) = stats.snapshot()
+    assert (record["graph_launches"], record["held_output_calls"], record["graphs_held"]) == (3, 1, 2)
 
 
 def test_a_backward_is_no_second_calling_thread() -> None:
