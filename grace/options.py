@@ -54,7 +54,7 @@ class GraceOptions:
         scg_warmup: untimed runs per variant before the samples.
         scg_margin: how much faster (a fraction of its median) the no-graph variant must be than the
             fastest graph variant to be chosen; a nearer tie goes to the graph, which also frees the
-            host. 0 takes the smaller median.
+            host. 0 (the default until the suites are timed with a margin) takes the smaller median.
         cache_dir: directory of the persistent SCG decision cache; None uses ``$GRACE_CACHE_DIR`` or
             the user cache directory (``$XDG_CACHE_HOME/grace`` or ``~/.cache/grace``).
         persist_decisions: read and write SCG decisions in ``cache_dir``.
@@ -95,7 +95,8 @@ class GraceOptions:
             is counted to hold (a forward's saved tensors while its backward is pending, a layer's
             gradients that are a ``.grad``, outputs held within one call), the graph is captured once
             more with outputs of its own, up to this many in all; past it, such calls run without the
-            graph. 1 keeps one set. Each set is a graph with its own memory pool.
+            graph. 1 (the default until a run of the training suites with more sets finishes on a GPU:
+            docs/design/training.md) keeps one set. Each set is a graph with its own memory pool.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -117,7 +118,7 @@ class GraceOptions:
     scg: bool = True
     scg_samples: int = 15
     scg_warmup: int = 2
-    scg_margin: float = 0.01
+    scg_margin: float = 0.0
     cache_dir: str | None = None
     persist_decisions: bool = True
     clone_outputs: bool = False
@@ -128,7 +129,7 @@ class GraceOptions:
     max_recaptures: int = 3
     rebind: bool = True
     max_rebinds: int = 64
-    max_output_sets: int = 16
+    max_output_sets: int = 1
     training: bool = True
 
     def __post_init__(self) -> None:
