@@ -5,6 +5,7 @@
 # usage: scripts/gpu/run_suites.sh [--part 1|2|train|all] [--workloads GLOBS] [--tier standard]
 #                                  [--modes all] [--samples 30] [--budget-s 390] [--hard-limit-s 510]
 #                                  [--cell current] [--label LABEL] [--grace-option KEY=VALUE]...
+#                                  [--stall-dump-s 150]
 #
 #   --part 1|2     the two halves of the inference workload list (cheap ones first in each); default: all
 #   --part train   the training workloads (*_train: one call is a forward, backward and optimizer step)
@@ -15,6 +16,8 @@
 #   --hard-limit-s pytest is interrupted (SIGINT: the recorder still closes its run) after this long;
 #                  default budget + 120. The defaults fit a 600 s call; for a 300 s call use
 #                  --budget-s 170 --hard-limit-s 250.
+#   --stall-dump-s a test running longer than this prints every thread's Python stack to the log
+#                  (pytest's faulthandler_timeout; the test goes on): where a stalled call waits. 0: off
 #
 # Resumable: a workload is recorded completely or not at all (unless the process dies inside it: then
 # it is listed in $OUT/incomplete.txt); what did not run is listed in
@@ -30,6 +33,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_suites.log") 2>&1
 
 PART=all; WORKLOADS=""; TIER=standard; MODES=all; SAMPLES=30; BUDGET=390; HARD=""; CELL=current; LABEL=""
+STALL=150
 GRACE_OPTS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -43,7 +47,8 @@ while [[ $# -gt 0 ]]; do
     --cell) CELL="$2"; shift 2 ;;
     --label) LABEL="$2"; shift 2 ;;
     --grace-option) GRACE_OPTS+=(--grace-option "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --stall-dump-s) STALL="$2"; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "run_suites: unknown argument $1 (see --help)"; exit 2 ;;
   esac
 done
@@ -136,8 +141,8 @@ log "pytest starts"
 timeout -s INT -k 30 "$HARD" "$PY" -m pytest suites/test_correctness.py suites/test_performance.py \
   --tier "$TIER" --modes "$MODES" --workloads "$WORKLOADS" --perf-samples "$SAMPLES" "${GRACE_OPTS[@]}" \
   --time-budget-s "$BUDGET" -p record_jsonl --record-jsonl "$RECORDS" "${RECORDER[@]}" \
-  -p no:cacheprovider -o console_output_style=classic -rfEs -v --log-level=WARNING --durations=25 \
-  --junitxml "$OUT/junit.xml"
+  -p no:cacheprovider -o console_output_style=classic -o "faulthandler_timeout=$STALL" -rfEs -v \
+  --log-level=WARNING --durations=25 --junitxml "$OUT/junit.xml"
 RC=$?
 log "pytest exited $RC (0: all passed, 1: some failed: see the records; 124/130: interrupted at the hard limit)"
 
