@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from grace.compat import torch as torch_compat
+
 SEED_NAMES = frozenset({"philox_seed", "philox_offset"})
 
 
@@ -105,7 +107,7 @@ def host_seeds(compiled: Callable[..., Any], indices: Sequence[int]) -> Callable
     wanted = frozenset(indices)
 
     def run_with_host_seeds(*args: Any) -> Any:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if torch_compat.is_current_stream_capturing():
             return compiled(*args)
         return compiled(*(_host_copy(a) if i in wanted else a for i, a in enumerate(args)))
 

@@ -193,13 +193,12 @@ class GraphSlot:
         with a deciding call of its own (captured, checked against the no-graph run, the slot's
         previous decision kept when it passes); past that bound it runs without a graph. A graph
         replays only when nothing holds its own outputs, as before; the sets never share memory."""
-        for i in range(len(self.kept) - 1, -1, -1):
-            graph = self.kept[i].graph
-            if graph.static_inputs_unmoved(args) and graph.held_outputs(generation) is HeldState.NONE:
+        same_inputs = [i for i, kept in enumerate(self.kept) if kept.graph.static_inputs_unmoved(args)]
+        for i in reversed(same_inputs):
+            if self.kept[i].graph.held_outputs(generation) is HeldState.NONE:
                 self._swap_in(self.kept.pop(i))
                 return self.run(args)
-        sets = 1 + sum(1 for kept in self.kept if kept.graph.static_inputs_unmoved(args))
-        if sets >= self.runner.options.max_output_sets:
+        if 1 + len(same_inputs) >= self.runner.options.max_output_sets:
             return self._run_outputs_held(args)
         self._keep_current()
         return self.decide(args)

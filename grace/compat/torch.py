@@ -177,7 +177,8 @@ def storage_weak_ref(tensor: torch.Tensor) -> Any:
 
 
 def is_current_stream_capturing() -> bool:
-    return bool(torch.cuda.is_current_stream_capturing())
+    """Whether the current CUDA stream captures; False without CUDA (a CPU build has no such call)."""
+    return torch.cuda.is_available() and bool(torch.cuda.is_current_stream_capturing())
 
 
 def current_raw_stream(device: torch.device) -> int:
