@@ -1,0 +1,164 @@
+"""Diagnostic: where a training step's memory goes, phase by phase, in pt2cg and grace variants.
+
+For each training workload (standard tier) and mode, a ``suites.training.TrainStep`` runs ``--calls``
+iterations inside the suites' memory window (suites.harness.memory_window_base). Per call it records the
+peak and the allocated bytes above the window's base at the end of each phase (forward, backward,
+optimizer step), and after the last call the allocated and reserved bytes of every memory pool
+(``torch.cuda.memory_snapshot``: the default pool and each graph's private pool) and grace's graphs
+(variant, calls, held-output calls, output bytes held). A mode is ``pt2cg``, ``grace`` or
+``grace:key=value,...`` (GraceOptions overrides, values read as JSON: ``grace:max_output_sets=16``).
+
+Run from the repository root: ``python scripts/gpu/train_memory.py --out DIR --workloads A,B --modes M,N``.
+Writes ``train_memory.json`` under ``--out`` after every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from probe import graphs  # this directory is first on the path of a script run from it
+
+import grace
+import grace.pools
+from suites.harness import memory_window_base
+from suites.modes import Mode, reset_compilers, set_grace_overrides
+from suites.tensors import clone_inputs
+from suites.training import TrainStep
+from suites.workloads import get
+
+MIB = 1 << 20
+
+
+def parse_mode(text: str) -> tuple[Mode, dict[str, Any]]:
+    name, _, rest = text.partition(":")
+    overrides = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        overrides[key] = json.loads(value)
+    return Mode(name), overrides
+
+
+def pools() -> dict[str, dict[str, float]]:
+    """Allocated and reserved MiB per memory pool (``(0, 0)`` is the caching allocator's own)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"allocated_mib": 0.0, "reserved_mib": 0.0})
+    for seg in torch.cuda.memory_snapshot():
+        entry = out[str(seg.get("segment_pool_id", "?"))]
+        entry["allocated_mib"] += seg["allocated_size"] / MIB
+        entry["reserved_mib"] += seg["total_size"] / MIB
+    return {k: {f: round(v, 1) for f, v in e.items()} for k, e in out.items()}
+
+
+class PhaseMeter:
+    """Peak and allocated MiB above ``base`` at each phase boundary of one iteration."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.marks: list[dict[str, Any]] = []
+
+    def mark(self, phase: str) -> None:
+        torch.cuda.synchronize()
+        self.marks.append(
+            {
+                "phase": phase,
+                "peak_mib": round((torch.cuda.max_memory_allocated() - self.base) / MIB, 1),
+                "allocated_mib": round((torch.cuda.memory_allocated() - self.base) / MIB, 1),
+            }
+        )
+        torch.cuda.reset_peak_memory_stats()
+
+
+def instrument(step: TrainStep, meter: PhaseMeter) -> None:
+    forward, opt_step = step.forward, step.optimizer.step
+
+    def measured_forward(*args: Any, **kwargs: Any) -> Any:
+        out = forward(*args, **kwargs)
+        meter.mark("forward")
+        return out
+
+    def measured_step(*args: Any, **kwargs: Any) -> Any:
+        meter.mark("backward")
+        out = opt_step(*args, **kwargs)
+        meter.mark("optimizer")
+        return out
+
+    step.forward = measured_forward
+    step.optimizer.step = measured_step  # type: ignore[method-assign]
+
+
+def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
+    reset_compilers()
+    grace.stats.reset()
+    mode, overrides = parse_mode(mode_text)
+    set_grace_overrides(overrides)
+    model, inputs = get(name).factory("standard")(torch.device("cuda"), torch.float32)
+    inputs = clone_inputs(tuple(inputs))
+    base = memory_window_base(torch.device("cuda"))
+    step = TrainStep(mode, model, "cuda")
+    meter = PhaseMeter(base)
+    instrument(step, meter)
+    per_call = []
+    with torch.no_grad():
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            loss = step(*inputs)
+            del loss
+            meter.mark("end")
+            per_call.append({"seconds": round(time.perf_counter() - t0, 3), "marks": meter.marks})
+            meter.marks = []
+    result = {
+        "per_call": per_call,
+        "pools": pools(),
+        "graphs": graphs() if mode is not Mode.PT2CG else [],
+        "pools_waiting": grace.pools.waiting(),
+    }
+    set_grace_overrides({})
+    del step, model, inputs
+    reset_compilers()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workloads", default="DistilGPT2_train,MT5ForConditionalGeneration_train")
+    parser.add_argument("--modes", default="pt2cg;grace;grace:max_output_sets=16")
+    parser.add_argument("--calls", type=int, default=6)
+    parser.add_argument("--deadline-s", type=float, default=300.0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.deadline_s
+    results: dict[str, Any] = {"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
+    path = args.out / "train_memory.json"
+    for name in args.workloads.split(","):
+        for mode in args.modes.split(";"):
+            key = f"{name}/{mode}"
+            if time.monotonic() > deadline:
+                results[key] = {"error": "deadline"}
+                continue
+            t0 = time.monotonic()
+            try:
+                value = one(name, mode, args.calls)
+            except Exception as exc:
+                value = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+            value["seconds"] = round(time.monotonic() - t0, 1)
+            results[key] = value
+            path.write_text(json.dumps(results, indent=1, default=str))
+            ends = [c["marks"][-1]["allocated_mib"] for c in value.get("per_call", [])]
+            peaks = [max(m["peak_mib"] for m in c["marks"]) for c in value.get("per_call", [])]
+            print(f"{key}: peaks {peaks} end-allocated {ends}", value.get("error", ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
