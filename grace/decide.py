@@ -51,6 +51,7 @@ from grace.reasons import SkipCode, SkipReason, log_once
 from grace.rerun import CallStart
 from grace.runplan import SlotFacts
 from grace.scg import (
+    MUTATED,
     Decision,
     DecisionSource,
     Variant,
@@ -150,8 +151,7 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     # In each spec's check order; candidates keep the capture order (part of the persisted key).
     order = sorted(graphs, key=lambda v: spec_of(v).check_rank)
     problems = {v: problem_of(v) for v in order}
-    if not mutated:
-        problems = allow_noise(problems, problem_of, facts, args, reference, start, noise)
+    problems = allow_noise(problems, problem_of, facts, args, reference, start, noise, reference_state)
     for variant in list(graphs):
         checks.keep_if_it_passes(variant, problems[variant])
     if direct and len(checks.candidates) == 1:
@@ -324,7 +324,7 @@ def _check_variant(
     if problem is None:
         problem = outputs_match(reference, out, noise=noise)
     if problem is None and mutated:
-        problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input")
+        problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input", noise, MUTATED)
     if problem is None:
         problem = graph_health(graph)
     if problem is None and spec.checks_new_addresses(graph, bool(mutated)):

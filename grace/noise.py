@@ -5,19 +5,21 @@ A callable whose kernels reduce in no fixed order (atomic adds: an embedding's o
 backward; split-K) gives a slightly different result on every run, graph or not, so a graph's replay
 can differ from the no-graph reference by more than the dtype's tolerance while being as right as the
 reference. When a check fails so, the deciding call runs the no-graph callable a second time on the
-same inputs, from the same generator states (only for a callable that writes no input): where the two
-no-graph runs differ, the callable's own spread at that output (``run_to_run_noise``, times
-``NOISE_FACTOR``) is allowed there in every later check of the slot. A wrong result (stale inputs, a
-wrong pointer) differs by far more than the callable's own spread; where two runs agree, nothing is
-allowed beyond the dtype's tolerance.
+same inputs, from the same generator states and, for a callable that writes its inputs, from the
+inputs the call found (``grace.rerun.CallStart.restore``, as every extra run starts): where the two
+no-graph runs differ, the callable's own spread at that output or written input (``run_to_run_noise``,
+times ``NOISE_FACTOR``; written inputs are named under ``MUTATED``) is allowed there in every later
+check of the slot. A wrong result (stale inputs, a wrong pointer) differs by far more than the
+callable's own spread; where two runs agree, nothing is allowed beyond the dtype's tolerance.
 
 Design: ``run_to_run_noise`` names each floating-point output by its place in the output structure
 (``"[1]"``, as ``grace.scg.outputs_match`` walks it) with ``NOISE_FACTOR`` times the two runs' largest
 difference there; ``allow_noise`` is the deciding call's step (grace.decide); the slot keeps what it
 found for the checks of later calls (grace.verify).
 
-Invariant: nothing is allowed where two no-graph runs agree; a callable that writes its inputs is never
-run a second time for this (its checks stay at the dtype's tolerance).
+Invariant: nothing is allowed where two no-graph runs agree; the second run starts from the call's
+state, so it applies no side effect the caller sees (the rule in grace.rerun: the run whose output the
+caller gets is a later one, itself started from a restore).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 from grace.reasons import SkipCode, SkipReason
 from grace.rerun import CallStart
 from grace.runplan import SlotFacts
-from grace.scg import Variant, max_abs_difference
+from grace.scg import MUTATED, Variant, max_abs_difference
 from grace.verify import synchronize
 
 NOISE_FACTOR = 4.0
@@ -58,14 +60,24 @@ def differs(problem: str | None) -> bool:
     return problem is not None and "max abs difference" in problem
 
 
-def measure(facts: SlotFacts, args: Sequence[Any], reference: Any, start: CallStart) -> dict[str, float]:
-    """A second no-graph run on the same inputs, from the call's generator states, against the
-    reference; a spread found is recorded with the slot's reasons."""
+def written_inputs(facts: SlotFacts, args: Sequence[Any]) -> list[Any]:
+    """The inputs the slot's callable writes, in the order its checks compare them."""
+    return [args[i] for i in facts.mutated]
+
+
+def measure(
+    facts: SlotFacts, args: Sequence[Any], reference: Any, start: CallStart, reference_state: Sequence[Any]
+) -> dict[str, float]:
+    """A second no-graph run on the same inputs, from the call's state, against the reference (its
+    outputs and ``reference_state``, the written inputs it left); a spread found is recorded with the
+    slot's reasons."""
     start.restore()
     second = facts.compiled(*args)
     synchronize(facts.device)
     noise = run_to_run_noise(reference, second)
     del second
+    if reference_state:
+        noise.update(run_to_run_noise(list(reference_state), written_inputs(facts, args), MUTATED))
     if noise:
         worst = max(noise.values()) / NOISE_FACTOR
         facts.record.add_skip(
@@ -86,12 +98,13 @@ def allow_noise(
     reference: Any,
     start: CallStart,
     noise: dict[str, float],
+    reference_state: Sequence[Any] = (),
 ) -> dict[Variant, str | None]:
     """Where checks failed on values, measure the no-graph callable's own spread into ``noise`` and
     check those variants again (the module docstring)."""
     if not any(differs(p) for p in problems.values()):
         return problems
-    noise.update(measure(facts, args, reference, start))
+    noise.update(measure(facts, args, reference, start, reference_state))
     if not noise:
         return problems
     return {v: recheck(v) if differs(p) else p for v, p in problems.items()}

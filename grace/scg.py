@@ -266,6 +266,9 @@ def devices_differ(graph: Sequence[str], no_graph: Sequence[str], free: Collecti
     return None
 
 
+MUTATED = "mutated"  # where outputs_match names a callable's written inputs: ``"mutated[0]"``, ...
+
+
 def outputs_match(
     reference: Any,
     candidate: Any,

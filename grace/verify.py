@@ -40,7 +40,7 @@ from grace.capture import CapturedGraph
 from grace.compat import torch as torch_compat
 from grace.hostref import kept_copy, offload
 from grace.rerun import CallStart
-from grace.scg import outputs_match
+from grace.scg import MUTATED, outputs_match
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -86,7 +86,7 @@ def check_against_reference(
     reference = _no_graph_run(compiled, args, device)
     problem = outputs_match(reference, got, noise=noise)
     if problem is None:
-        problem = outputs_match([args[i] for i in mutated], got_state, "mutated input")
+        problem = outputs_match([args[i] for i in mutated], got_state, "mutated input", noise, MUTATED)
     if problem is None:
         problem = graph_health(graph)
     return out, problem, reference

@@ -1,0 +1,91 @@
+"""Note: [Run-to-run noise] (grace.noise) on CPU for a callable that writes its inputs (BatchNorm's
+running statistics, an optimizer's state): the second no-graph run starts from the inputs the call found,
+its spread is measured at the outputs and at the written inputs, and nothing is allowed where the two
+runs agree."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from grace.noise import NOISE_FACTOR, allow_noise, measure
+from grace.reasons import SkipReason
+from grace.rerun import CallStart
+from grace.scg import MUTATED, Variant, outputs_match
+
+
+class Record:
+    def __init__(self) -> None:
+        self.skips: list[SkipReason] = []
+
+    def add_skip(self, reason: SkipReason) -> None:
+        self.skips.append(reason)
+
+
+class RunningMean:
+    """``stat = 0.9 * stat + 0.1 * x.mean(0)`` in place, returns ``x - stat``; every run after the first
+    is ``spread`` off the first (as atomic adds make a reduction's result vary), in output and state."""
+
+    def __init__(self, spread: float) -> None:
+        self.spread = spread
+        self.runs = 0
+        self.starts: list[torch.Tensor] = []
+
+    def __call__(self, x: torch.Tensor, stat: torch.Tensor) -> tuple[torch.Tensor]:
+        self.runs += 1
+        self.starts.append(stat.clone())
+        off = 0.0 if self.runs == 1 else self.spread
+        stat.mul_(0.9).add_(x.mean(0) * 0.1 + off)
+        return (x - stat + 2 * off,)
+
+
+def _facts(fn: RunningMean) -> Any:
+    return SimpleNamespace(compiled=fn, mutated=(1,), device=torch.device("cpu"), record=Record())
+
+
+def _first_run(fn: RunningMean) -> tuple[list[torch.Tensor], CallStart, Any, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    args = [torch.randn(8, 4), torch.randn(4)]
+    start = CallStart(args, [1], False, torch.device("cpu"))
+    reference = fn(*args)
+    return args, start, reference, [args[1].clone()]
+
+
+def test_the_second_run_starts_from_the_call_and_measures_outputs_and_written_inputs() -> None:
+    fn = RunningMean(spread=1e-3)
+    args, start, reference, state = _first_run(fn)
+    facts = _facts(fn)
+    noise = measure(facts, args, reference, start, state)
+    torch.testing.assert_close(fn.starts[1], fn.starts[0], rtol=0, atol=0)  # not from the first's result
+    assert set(noise) == {"[0]", f"{MUTATED}[0]"}
+    assert all(abs(v - NOISE_FACTOR * 1e-3) < 1e-4 for v in noise.values())
+    assert facts.record.skips and "two no-graph runs" in facts.record.skips[0].detail
+
+
+def test_a_written_input_within_the_spread_passes_and_one_beyond_it_does_not() -> None:
+    fn = RunningMean(spread=1e-3)
+    args, start, reference, state = _first_run(fn)
+    noise = measure(_facts(fn), args, reference, start, state)
+    near = [state[0] + 2e-3]
+    far = [state[0] + 0.5]
+    assert outputs_match(state, near, "mutated input", noise, MUTATED) is None
+    assert outputs_match(state, far, "mutated input", noise, MUTATED) is not None
+    assert outputs_match(state, near, "mutated input", {}, MUTATED) is not None  # no spread: atol only
+
+
+def test_runs_that_agree_allow_nothing_and_checks_are_not_repeated() -> None:
+    fn = RunningMean(spread=0.0)
+    args, start, reference, state = _first_run(fn)
+    rechecked: list[Variant] = []
+
+    def recheck(variant: Variant) -> str | None:
+        rechecked.append(variant)
+        return None
+
+    noise: dict[str, float] = {}
+    problems: dict[Variant, str | None] = {Variant.GRAPH_COPIES: "output[0]: max abs difference 0.5"}
+    after = allow_noise(problems, recheck, _facts(fn), args, reference, start, noise, state)
+    assert noise == {} and rechecked == [] and after == problems
+    assert fn.runs == 2
