@@ -29,6 +29,9 @@ ENV_TIER = "GRACE_SUITE_TIER"  # set by the matrix runner from the cell's tier
 PERF_GROUP = "gpu-performance"  # the xdist group of every performance test (never two on one GPU)
 
 
+OptionValue = bool | int | float | str  # a --grace-option value, as GraceOptions takes it
+
+
 @dataclass(frozen=True)
 class SuiteOptions:
     tier: str = "smoke"
@@ -37,7 +40,7 @@ class SuiteOptions:
     perf_samples: int = MIN_PERF_SAMPLES
     time_budget_s: float = 0.0  # 0: no budget
     device: str = "auto"
-    grace_options: tuple[tuple[str, bool | int | str], ...] = ()  # over every grace mode's own options
+    grace_options: tuple[tuple[str, OptionValue], ...] = ()  # over every grace mode's own options
 
     @classmethod
     def from_config(cls, config: Any) -> SuiteOptions:
@@ -52,22 +55,25 @@ class SuiteOptions:
         )
 
 
-def _option_value(text: str) -> bool | int | str:
+def _option_value(text: str) -> OptionValue:
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text.strip()
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text.strip()
 
 
-def parse_grace_options(items: list[str]) -> dict[str, bool | int | str]:
-    """``KEY=VALUE`` strings -> GraceOptions keyword arguments (true/false -> bool, digits -> int).
+def parse_grace_options(items: list[str]) -> dict[str, OptionValue]:
+    """``KEY=VALUE`` strings -> GraceOptions keyword arguments (true/false -> bool, an integer -> int,
+    another number -> float).
 
     Raises ``ValueError`` naming the item for anything else; which keys and values grace accepts is
     GraceOptions' to say (suites.modes.set_grace_overrides checks them)."""
-    parsed: dict[str, bool | int | str] = {}
+    parsed: dict[str, OptionValue] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():

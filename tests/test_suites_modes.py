@@ -116,8 +116,12 @@ def test_grace_option_overrides_reach_every_grace_mode_and_its_records(
 
     grace = fake_grace({"runtime": None, "cgct": None, "pi": None, "scg": None})
     monkeypatch.setitem(sys.modules, "grace", grace)
-    overrides = parse_grace_options(["pi_direct=true", "scg_samples=5", "pi_table_update=node", "pi=False"])
-    assert overrides == {"pi_direct": True, "scg_samples": 5, "pi_table_update": "node", "pi": False}
+    items = ["pi_direct=true", "scg_samples=5", "pi_table_update=node", "pi=False", "scg_margin=0.01"]
+    overrides = parse_grace_options(items)
+    assert overrides == {
+        "pi_direct": True, "scg_samples": 5, "pi_table_update": "node", "pi": False, "scg_margin": 0.01
+    }  # fmt: skip
+    assert type(overrides["scg_samples"]) is int
     try:
         modes.set_grace_overrides(overrides)
         model = torch.nn.Identity()
