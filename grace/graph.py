@@ -250,6 +250,10 @@ class CapturedGraph:
 
     # --- replay -------------------------------------------------------------------------------
 
+    def forget_placeholders(self) -> int:
+        """Drop the placeholders (``Bindings.forget_placeholders``); returns the bytes let go."""
+        return self.bindings.forget_placeholders()
+
     def own_placeholders(self) -> dict[int, int]:
         """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses."""
         return self.bindings.own_placeholders(self.device)

@@ -453,6 +453,7 @@ class GraphSlot:
         """Enter state ``GRAPH`` with ``graph`` run as ``variant`` (its spec in grace.variants)."""
         spec = spec_of(variant)
         self.graph, self.spec = graph, spec
+        spec.settle(graph)
         self.note_graphs()
         self._enter(SlotState.GRAPH, variant)
         self.record.copy_bytes_per_replay = spec.copied_bytes(graph)

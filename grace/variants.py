@@ -80,6 +80,9 @@ class VariantSpec:
         """Whether the deciding call also runs the graph with its inputs at other addresses."""
         return False
 
+    def settle(self, graph: CapturedGraph) -> None:
+        """What the slot's graph of this variant lets go once it is bound (nothing by default)."""
+
     def copied_bytes(self, graph: CapturedGraph) -> int:
         return graph.copy_bytes
 
@@ -216,6 +219,24 @@ class PISpec(VariantSpec):
         # A graph captured on the caller's inputs has no placeholders to move to: its first call at other
         # addresses is compared with the no-graph callable by the slot (grace.verify).
         return not mutates and not graph.borrowed
+
+    def settle(self, graph: CapturedGraph) -> None:
+        """Note: [Placeholders PI serves]
+        A PI graph captured with placeholders (the copies graph's, shared in the deciding call) keeps
+        them only for the inputs its table cannot point elsewhere. When its plan serves every dynamic
+        input, no node of the graph reads a placeholder: each replay reads the caller's tensors through
+        the table. Such a graph drops its placeholders once bound, keeping their layouts, and is from
+        then on what a graph captured on the caller's inputs is (``CapturedGraph.borrowed``): a call
+        whose input PI cannot serve (a misaligned address) first gives it placeholders of its own and
+        points the plan at them (``CapturedGraph.run_with_pi``). This matters where the dynamic inputs
+        are large: a training backward's are the saved tensors, whose placeholders doubled what its
+        step kept allocated. Invariant: a graph never replays reading a placeholder it dropped, since
+        it drops them only while the plan's last update left no input uncovered, and any later update
+        that does leaves it new placeholders before the replay."""
+        plan = graph.pi_plan
+        if plan is None or graph.borrowed or plan.uncovered_indices or graph.mutated_indices:
+            return
+        graph.forget_placeholders()
 
     def _uncovered(self, graph: CapturedGraph) -> list[int] | None:
         if graph.pi_plan is None:

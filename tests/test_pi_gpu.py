@@ -184,3 +184,44 @@ def test_fill_node_serves_the_table_and_never_changes_a_queued_launch() -> None:
     torch.cuda.synchronize()
     for k, (args, out) in enumerate(zip(sets, outs, strict=True)):
         torch.testing.assert_close(out, fn(*args), msg=f"queued call {k}")
+
+
+def test_a_pi_graph_of_inputs_sharing_a_storage_keeps_no_placeholders() -> None:
+    """Note: [Placeholders PI serves]: two views of one storage cannot be borrowed (the direct PI graph
+    is declined), so PI is captured on the copies graph's placeholders; bound, it lets them go (the
+    memory held past the call is the graph's output alone), follows new storages through its table,
+    and a misaligned view (a call PI cannot serve) gets new placeholders, right as eager."""
+    import torch
+
+    import grace
+
+    n = 4 << 20  # 16 MiB per view
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 2 + b
+
+    def inputs(seed: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        base = torch.randn(2 * n + 8, device="cuda", generator=g)
+        return base[offset : offset + n], base[offset + n : offset + 2 * n]
+
+    torch._dynamo.reset()
+    grace.reset()
+    compiled = _compile(fn)
+    held_after: list[int] = []  # allocated past each call, beyond what was before and the inputs' storage
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    for seed, offset in ((0, 0), (0, 0), (0, 0), (1, 0), (2, 1), (3, 0), (4, 1)):
+        a, b = inputs(seed, offset)
+        expected = fn(a, b)
+        got = compiled(a, b)
+        torch.testing.assert_close(got, expected, msg=f"seed {seed}, offset {offset}")
+        del got, expected
+        torch.cuda.synchronize()
+        held_after.append(torch.cuda.memory_allocated() - baseline - a.untyped_storage().nbytes())
+        del a, b
+    record = _uses_pi(_records())
+    assert any(r["code"] == "pi_direct_declined" for r in record["skip_reasons"]), record["skip_reasons"]
+    view_bytes = 4 * n
+    # the third call is the first steady one: only the graph's output (one view's size) stays
+    assert held_after[2] <= view_bytes + (1 << 20), held_after
