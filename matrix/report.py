@@ -13,7 +13,9 @@ either side is missing or not ``ok``. Where the run timed the ``raw-graph`` refe
 kernels replayed bare, suites.raw_graph), each mode also gets ``vs_raw`` (its median over the reference's),
 ``host_overhead_us`` (the difference, in microseconds: what the layers around the graph cost per call)
 and, from the back-to-back timings, ``b2b_ms`` and ``b2b_vs_raw``; tables show those columns only where
-a reference was timed. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
+a reference was timed. A row of a training workload (its stored tags, ``matrix.training``) says so and
+carries the iteration's kernel facts per phase; ``matrix.training_report`` builds the training view from
+those rows. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
 commands print or write them.
 
 Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0.
@@ -35,6 +37,7 @@ from matrix.readmodel import RunInfo
 from matrix.statuses import ResultStatus, read_status
 from matrix.store.models import CorrectnessResult, PerformanceResult, Workload
 from matrix.text import markdown_text, one_line
+from matrix.training import PhaseFacts, is_training, phases_of
 from suites.options import MODE_NAMES
 
 REPORT_FORMAT = 1
@@ -84,6 +87,8 @@ class ReportRow:
     vs_raw: float | None = None  # median_ms over the raw-graph reference's in the same run
     b2b_vs_raw: float | None = None  # b2b_ms over the reference's
     host_overhead_us: float | None = None  # (median_ms - the reference's) in microseconds
+    training: bool = False  # the workload's stored tags say one call is a training iteration
+    phases: tuple[PhaseFacts, ...] = ()  # a training iteration's kernel facts per phase, where recorded
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -147,20 +152,22 @@ def build_report(
     by_pk = {run.pk: run for run in candidates}
     if not by_pk:
         return Report((), ())
+    names = _literal_names(workloads)
     correctness = session.execute(
         select(CorrectnessResult, Workload)
         .join(Workload, CorrectnessResult.workload_pk == Workload.id)
-        .where(CorrectnessResult.run_pk.in_(by_pk))
+        .where(CorrectnessResult.run_pk.in_(by_pk), *([Workload.name.in_(names)] if names else []))
         .order_by(CorrectnessResult.id)
     ).all()
     performance = session.execute(
         select(PerformanceResult, Workload)
         .join(Workload, PerformanceResult.workload_pk == Workload.id)
-        .where(PerformanceResult.run_pk.in_(by_pk))
+        .where(PerformanceResult.run_pk.in_(by_pk), *([Workload.name.in_(names)] if names else []))
         .order_by(PerformanceResult.id)
     ).all()
     # (run pk, workload, tier) -> mode -> results; later rows (by id) of one key overwrite earlier ones
     found: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
+    training: set[tuple[int, str, str]] = set()
     pairs: tuple[tuple[str, Sequence[Any]], ...] = (
         ("correctness", correctness),
         ("performance", performance),
@@ -170,6 +177,8 @@ def build_report(
             if not _matches(wl.name, workloads):
                 continue
             found.setdefault((result.run_pk, wl.name, wl.tier), {}).setdefault(result.mode, {})[kind] = result
+            if is_training(wl.tags):
+                training.add((result.run_pk, wl.name, wl.tier))
     order = {pk: i for i, pk in enumerate(by_pk)}  # oldest first
     keys: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
     for run_pk, name, tier in found:
@@ -187,9 +196,20 @@ def build_report(
         b2b = {mode: _details_float(r.get("performance"), "b2b_ms_median") for mode, r in modes.items()}
         for mode in sorted(modes, key=_mode_key):
             row = _row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks)
+            if (run_pk, name, tier) in training:
+                perf = modes[mode].get("performance")
+                phases = phases_of(perf.details if perf is not None else None)
+                row = dataclasses.replace(row, training=True, phases=phases)
             rows.append(_against_reference(row, medians.get(REFERENCE), b2b.get(mode), b2b.get(REFERENCE)))
     used = sorted({pk for pk in latest.values()}, key=lambda pk: order[pk])
     return Report(tuple(by_pk[pk] for pk in used), tuple(rows))
+
+
+def _literal_names(patterns: Sequence[str]) -> tuple[str, ...]:
+    """``patterns`` when none is a glob (they can be matched in the query); () otherwise."""
+    if not patterns or any(c in p for p in patterns for c in "*?["):
+        return ()
+    return tuple(patterns)
 
 
 def _row(

@@ -1,4 +1,5 @@
-"""``grace-matrix report [--json]``: per cell, workload and mode, status and performance figures."""
+"""``grace-matrix report [--json]``: per cell, workload and mode, status and performance figures; then the
+training view of the training workloads (matrix.training_report)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from matrix.errors import MatrixError
 from matrix.report import Report, build_report, render_text
 from matrix.store.db import StoreAccess, open_store
 from matrix.text import terminal_text
+from matrix.training_report import build_training, render_training_text
 from matrix_cli.commands._output import selection_text
 
 
@@ -55,7 +57,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "report",
         help="status, median, floor, speedups and graph facts per cell, workload and mode",
-        description="For every cell and workload, the latest run that has it; speedups within that run.",
+        description="For every cell and workload, the latest run that has it; speedups within that run. "
+        "Training workloads also get a training view: time per iteration, kernels in graphs per phase, "
+        "memory against pt2cg and the inference twin's grace-vs-pt2cg speedup.",
     )
     add_selection(parser)
     parser.set_defaults(handler=handle)
@@ -73,9 +77,11 @@ def handle(args: argparse.Namespace) -> int:
     selection = selection_text(args, ("run", "label", "cell", "workload"))
     if not report.rows and selection:
         raise MatrixError(f"no result in the store matches {selection}")
+    training = build_training(report)
     if getattr(args, "json", False):
-        json.dump(report.to_dict(), sys.stdout, indent=2, sort_keys=True, default=str)
+        document = {**report.to_dict(), "training": training.to_dict()}
+        json.dump(document, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(terminal_text(render_text(report)))
+        sys.stdout.write(terminal_text(render_text(report) + render_training_text(training)))
     return 0
