@@ -39,6 +39,7 @@ from matrix.compatibility import PART_HELP
 from matrix.errors import ConfigError
 from matrix.outfiles import public_mode
 from matrix.readmodel import RunInfo, aware
+from matrix.report import fmt
 from matrix.text import xml_text
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,16 @@ def _ms(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:.4g}"
+
+
+def _times(value: float | None) -> str:
+    """A speedup or a ratio as the report prints it (1.23x); "-" when not measured."""
+    return fmt("speedup", value)
+
+
+def _size(value: int | None) -> str:
+    """Bytes as the report prints them (1.5 GiB); "-" when not measured."""
+    return fmt("calls_peak_mem", value)
 
 
 def _pvalue(value: float | None) -> str:
@@ -97,7 +108,9 @@ def environment(xml: bool = False) -> Environment:
         keep_trailing_newline=True,
         finalize=_xml_value if xml else None,
     )
-    env.filters.update(ms=_ms, pvalue=_pvalue, iso=_iso, rfc3339=_rfc3339, day=_day, minute=_minute)
+    env.filters.update(
+        ms=_ms, pvalue=_pvalue, iso=_iso, rfc3339=_rfc3339, day=_day, minute=_minute, times=_times, size=_size
+    )
     return env
 
 

@@ -11,7 +11,8 @@ every cell (``matrix.regressions.report.detect``), builds each workload's page w
 docs/COMPATIBILITY.md does) and returns frozen view objects. ``dashboards.render`` turns them into
 files; nothing here writes. A cell broken against expected.toml says since when
 (``report.CellReport.failing_since``, computed on the matrix side; the grid row adds the run before it, so
-the index can link the change that broke it).
+the index can link the change that broke it). Training workloads and their inference twins come from the
+training view of ``grace-matrix report`` (``matrix.training_report``), the figures that command prints.
 Every run shown is a logical run selected by the read model (``matrix.readmodel.select_runs``): the runs of
 one cell sharing a label are one row of the grid, one point of a history, one side of a comparison, with, per
 key, the results of the latest of them that recorded it.
@@ -47,8 +48,10 @@ from matrix.regressions.observations import (
 )
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
+from matrix.report import build_report
 from matrix.statuses import read_status
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
+from matrix.training_report import TrainingView, build_training, training_names
 from suites.records import PIStage
 
 __all__ = ["HistoryChart", "Site", "WorkloadView", "build_site", "slug"]
@@ -188,6 +191,11 @@ class Site:
     compatibility: CompatibilityTable  # per cell, which parts of GraCE work (matrix.compatibility)
     extra: dict[str, Any] = field(default_factory=dict)
     fuzz: tuple[FuzzRow, ...] = ()  # the differential fuzzer's runs, newest first (dashboards.fuzz)
+    training: TrainingView = field(default_factory=lambda: TrainingView(()))  # as ``report`` shows it
+
+    def workload_page(self, name: str) -> str | None:
+        """The slug of ``name``'s workload page; None when the site has no page for it."""
+        return next((w.slug for w in self.workloads if w.name == name), None)
 
     # -- the index's verdict header ---------------------------------------------------------------
     @property
@@ -456,4 +464,12 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
         compatibility=build_table(session),
         extra={"by_uid": by_uid},
         fuzz=fuzz_rows(session, runs),
+        training=_training(session),
     )
+
+
+def _training(session: Session) -> TrainingView:
+    """The training view of ``grace-matrix report`` (the report of the training workloads and their
+    twins: per cell and workload, the latest run that has it), so that the pages and the report agree."""
+    names = training_names(session)
+    return build_training(build_report(session, workloads=names)) if names else TrainingView(())

@@ -136,6 +136,13 @@ class TrainingCell:
     twin_geomean_vs_pt2cg: float | None  # the same over the distinct twins that have both
     twin_geomean_workloads: int
 
+    @property
+    def headline(self) -> str:
+        """One line: grace's geomean speedup over pt2cg in training and in the twins' inference."""
+        ours = _geomean_text(self.geomean_vs_pt2cg, self.geomean_workloads, "training workload(s)")
+        theirs = _geomean_text(self.twin_geomean_vs_pt2cg, self.twin_geomean_workloads, "inference twin(s)")
+        return f"grace vs pt2cg, geomean: {ours}; {theirs}"
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingView:
@@ -251,18 +258,11 @@ def _geomean_text(value: float | None, count: int, what: str) -> str:
     return f"{fmt('speedup', value)} over {count} {what}"
 
 
-def cell_headline(cell: TrainingCell) -> str:
-    """One line: grace's geomean speedup over pt2cg in training and in the twins' inference."""
-    ours = _geomean_text(cell.geomean_vs_pt2cg, cell.geomean_workloads, "training workload(s)")
-    theirs = _geomean_text(cell.twin_geomean_vs_pt2cg, cell.twin_geomean_workloads, "inference twin(s)")
-    return f"grace vs pt2cg, geomean: {ours}; {theirs}"
-
-
 def render_training_text(view: TrainingView) -> str:
     """Aligned text tables, one per cell; "" when the report holds no training workload."""
     out: list[str] = []
     for cell in view.cells:
-        out.append(f"training, cell {cell.cell}: {cell_headline(cell)}")
+        out.append(f"training, cell {cell.cell}: {cell.headline}")
         header = ["workload", "tier", "mode", *COLUMNS, "twin", "twin_grace_vs_pt2cg"]
         table = [
             [
