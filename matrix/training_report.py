@@ -243,7 +243,9 @@ def build_training(report: Report) -> TrainingView:
 
 def training_names(session: Session) -> tuple[str, ...]:
     """The workloads a training view reads: those the store tags training, and the twins they name."""
-    stored = {name: is_training(tags) for name, tags in session.execute(select(Workload.name, Workload.tags))}
+    stored: dict[str, bool] = {}
+    for name, tags in session.execute(select(Workload.name, Workload.tags)):  # a row per code hash
+        stored[name] = stored.get(name, False) or is_training(tags)
     training = {name for name, trains in stored.items() if trains}
     twins = {twin for name in training if (twin := inference_twin(name)) in stored and twin is not None}
     return tuple(sorted(training | twins))
