@@ -56,7 +56,10 @@ COLUMNS = (
     "compile_s",
     "calls_peak_mem",
     "mem_vs_pt2cg",
+    "calls_peak_reserved",
+    "reserved_vs_pt2cg",
 )
+RATIO_COLUMNS = ("mem_vs_pt2cg", "reserved_vs_pt2cg", "vs_raw", "b2b_vs_raw")  # shown as 1.23x
 REFERENCE = "raw-graph"  # the physical reference mode (suites.raw_graph)
 REFERENCE_COLUMNS = ("b2b_ms", "vs_raw", "b2b_vs_raw", "host_overhead_us")
 OK = "ok"
@@ -87,6 +90,8 @@ class ReportRow:
     vs_raw: float | None = None  # median_ms over the raw-graph reference's in the same run
     b2b_vs_raw: float | None = None  # b2b_ms over the reference's
     host_overhead_us: float | None = None  # (median_ms - the reference's) in microseconds
+    calls_peak_reserved: int | None = None  # bytes: the suites' calls_peak_reserved_bytes (same calls)
+    reserved_vs_pt2cg: float | None = None  # calls_peak_reserved over pt2cg's in the same run
     training: bool = False  # the workload's stored tags say one call is a training iteration
     phases: tuple[PhaseFacts, ...] = ()  # a training iteration's kernel facts per phase, where recorded
 
@@ -193,9 +198,15 @@ def build_report(
             if "performance" in r and r["performance"].status == OK
         }
         peaks = {mode: _calls_peak(r) for mode, r in modes.items()}
+        reserved = {mode: _calls_peak(r, "calls_peak_reserved_bytes") for mode, r in modes.items()}
         b2b = {mode: _details_float(r.get("performance"), "b2b_ms_median") for mode, r in modes.items()}
         for mode in sorted(modes, key=_mode_key):
             row = _row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks)
+            row = dataclasses.replace(
+                row,
+                calls_peak_reserved=reserved.get(mode),
+                reserved_vs_pt2cg=_ratio(reserved.get(mode), reserved.get("pt2cg")),
+            )
             if (run_pk, name, tier) in training:
                 perf = modes[mode].get("performance")
                 phases = phases_of(perf.details if perf is not None else None)
@@ -276,10 +287,11 @@ def _details_float(result: CorrectnessResult | PerformanceResult | None, key: st
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _calls_peak(results: dict[str, Any]) -> int | None:
-    """The mode's peak memory after its compiling call (recorded by suites since it was measured)."""
+def _calls_peak(results: dict[str, Any], key: str = "calls_peak_mem_bytes") -> int | None:
+    """The mode's peak memory after its compiling call (recorded by suites since it was measured):
+    allocated, or with ``key`` ``calls_peak_reserved_bytes`` reserved by the caching allocator."""
     for kind in ("performance", "correctness"):
-        value = _details_float(results.get(kind), "calls_peak_mem_bytes")
+        value = _details_float(results.get(kind), key)
         if value is not None:
             return int(value)
     return None
@@ -299,7 +311,12 @@ def fmt(column: str, value: Any) -> str:
     """One cell of a table, for people: '-' for missing, ms with 3 decimals, speedups as 1.23x."""
     if value is None:
         return "-"
-    if column.startswith("speedup") or column in ("mem_vs_pt2cg", "vs_raw", "b2b_vs_raw"):
+    if column.startswith("speedup") or column in (
+        "mem_vs_pt2cg",
+        "reserved_vs_pt2cg",
+        "vs_raw",
+        "b2b_vs_raw",
+    ):
         return f"{value:.2f}x"
     if column in ("median_ms", "floor_ms", "b2b_ms"):
         return f"{value:.3f}"
@@ -307,7 +324,7 @@ def fmt(column: str, value: Any) -> str:
         return f"{value:.1f}"
     if column == "compile_s":
         return f"{value:.1f}"
-    if column in ("copy_bytes_per_replay", "calls_peak_mem"):
+    if column in ("copy_bytes_per_replay", "calls_peak_mem", "calls_peak_reserved"):
         return _bytes(int(value))
     return str(value)
 
@@ -379,9 +396,11 @@ def render_markdown(report: Report, title: str = "Results", command: str = "grac
         "Speedups compare medians of the same run (`speedup_vs_X = median(X) / median(mode)`, above 1 is "
         "faster); the floor is the GPU-busy time of one call; `calls_peak_mem` is the peak memory allocated "
         "in the calls after the compiling one (recording or deciding, first replays), `mem_vs_pt2cg` its "
-        "ratio to pt2cg's in the same run; where the run timed the `raw-graph` reference (the kernels "
-        "replayed bare), `vs_raw` and `host_overhead_us` compare each mode's median with it, and `b2b_ms`, "
-        "`b2b_vs_raw` do so for calls launched back to back; `-` means not measured.",
+        "ratio to pt2cg's in the same run, `calls_peak_reserved` and `reserved_vs_pt2cg` the same for the "
+        "memory the caching allocator reserved (graph pools whole: cudagraph trees' replays hand out "
+        "tensors that `memory_allocated` does not count); where the run timed the `raw-graph` reference "
+        "(the kernels replayed bare), `vs_raw` and `host_overhead_us` compare each mode's median with it, "
+        "and `b2b_ms`, `b2b_vs_raw` do so for calls launched back to back; `-` means not measured.",
         "",
     ]
     if not report.rows:

@@ -49,6 +49,8 @@ COLUMNS = (
     *(f"kernels_in_graphs_{phase}" for phase in PHASES),
     "calls_peak_mem",
     "mem_vs_pt2cg",
+    "calls_peak_reserved",
+    "reserved_vs_pt2cg",
 )
 
 
@@ -67,6 +69,8 @@ class TrainingMode:
     phases: tuple[PhaseFacts, ...]
     calls_peak_mem: int | None
     mem_vs_pt2cg: float | None
+    calls_peak_reserved: int | None = None
+    reserved_vs_pt2cg: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -194,6 +198,8 @@ def _modes(rows: Sequence[ReportRow]) -> tuple[TrainingMode, ...]:
             phases=row.phases,
             calls_peak_mem=row.calls_peak_mem,
             mem_vs_pt2cg=row.mem_vs_pt2cg,
+            calls_peak_reserved=row.calls_peak_reserved,
+            reserved_vs_pt2cg=row.reserved_vs_pt2cg,
         )
         for row in rows
     )

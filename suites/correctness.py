@@ -150,6 +150,7 @@ def _mode_details(entry: CompiledMode) -> dict[str, Any]:
         "peak_mem_bytes": entry.peak_mem_bytes,
         "calls_peak_mem_bytes": entry.calls_peak_mem_bytes,
         "resident_mem_bytes": entry.resident_mem_bytes,
+        "calls_peak_reserved_bytes": entry.calls_peak_reserved_bytes,
         **({"compile_facts": entry.compile_facts} if entry.compile_facts else {}),
         **override_details(entry.mode),
     }

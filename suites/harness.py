@@ -19,7 +19,11 @@ Invariants:
   call, and the first replays, above the same base;
   ``resident_mem_bytes`` what stays allocated after warm-up (graph pools, static inputs and outputs):
   the memory a mode holds between calls. Both start from no cuBLAS workspace, so a mode that runs
-  matmuls counts its own.
+  matmuls counts its own. ``calls_peak_reserved_bytes`` is the peak the caching allocator reserved
+  over the same calls, above what it reserved when they started with no cached block left: the
+  device memory they held, graph pools whole. Allocated bytes alone understate a mode whose replays
+  hand out tensors over pool memory the allocator does not count as allocated (cudagraph trees:
+  a replay's outputs, saved tensors and gradients included, leave ``memory_allocated`` unchanged).
 - Failures are values (``Failure``), never exceptions escaping to pytest: an OOM or crash in one mode
   does not hide the others.
 """
@@ -95,6 +99,7 @@ def memory_window_base(device: torch.device) -> int:
     gc.collect()
     torch.cuda.synchronize(device)
     clear_cublas_workspaces()
+    torch.cuda.empty_cache()  # reserved memory starts from what is in use (calls_peak_reserved_bytes)
     torch.cuda.reset_peak_memory_stats(device)
     return int(torch.cuda.memory_allocated(device))
 
@@ -126,6 +131,7 @@ class CompiledMode:
     peak_mem_bytes: int | None = None
     calls_peak_mem_bytes: int | None = None
     resident_mem_bytes: int | None = None
+    calls_peak_reserved_bytes: int | None = None
     failure: Failure | None = None
     grace_keys: frozenset[str] = frozenset()  # grace.stats graphs created by this mode
     compile_facts: dict[str, int] = field(default_factory=dict)  # Dynamo/Inductor counter deltas
@@ -221,6 +227,7 @@ class PreparedWorkload:
             entry.inputs = clone_inputs(self.inputs)
             synchronize(self.device)
             base = self._reset_peak()
+            reserved_base = int(torch.cuda.memory_reserved(self.device)) if base is not None else None
             t0 = time.perf_counter()
             entry.fn = TrainStep(mode, model, self.device.type) if training else build(mode, model)
             with torch.no_grad():
@@ -228,6 +235,8 @@ class PreparedWorkload:
                 synchronize(self.device)
                 entry.compile_s = time.perf_counter() - t0
                 compile_peak = self._peak_since_reset() if base is not None else None
+                if base is not None:
+                    self._drop_cached_blocks()
                 for _ in range(WARMUP_CALLS - 1):
                     entry.fn(*entry.inputs)
             synchronize(self.device)
@@ -236,6 +245,9 @@ class PreparedWorkload:
                 entry.peak_mem_bytes = max(compile_peak, calls_peak) - base
                 entry.calls_peak_mem_bytes = calls_peak - base
                 entry.resident_mem_bytes = int(torch.cuda.memory_allocated(self.device) - base)
+                if reserved_base is not None:
+                    reserved_peak = int(torch.cuda.max_memory_reserved(self.device))
+                    entry.calls_peak_reserved_bytes = reserved_peak - reserved_base
         except ReferenceUnavailable as exc:  # a timing reference that cannot exist here: a skip
             entry.failure = Failure(CorrectnessStatus.SKIP, str(exc), expected=True)
             entry.fn = None
@@ -253,6 +265,12 @@ class PreparedWorkload:
 
     def _reset_peak(self) -> int | None:
         return memory_window_base(self.device) if self.device.type == "cuda" else None
+
+    def _drop_cached_blocks(self) -> None:
+        """The compiling call's cached free blocks go back to the device, so that the calls' reserved
+        peak counts what they hold, not what compiling left cached (the peak statistics start again)."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
 
     def _peak_since_reset(self) -> int:
         """The peak allocated since the window opened; the peak statistics start again from now."""

@@ -111,7 +111,10 @@ def test_memory_after_the_compiling_call_against_pt2cg(store: Store) -> None:
     peaks = {"inductor": 30 * mib, "pt2cg": 40 * mib, "grace": 42 * mib}
     with store.Session.begin() as session:
         run = store.run(session, store.cell(session), 0)
-        details = {mode: {"calls_peak_mem_bytes": peak} for mode, peak in peaks.items()}
+        details = {
+            mode: {"calls_peak_mem_bytes": peak, "calls_peak_reserved_bytes": 2 * peak}
+            for mode, peak in peaks.items()
+        }
         store.results(session, run, "alexnet", {"eager": 1.0, **dict.fromkeys(peaks, 0.5)}, details=details)
     with store.Session() as session:
         report = build_report(session)
@@ -119,9 +122,13 @@ def test_memory_after_the_compiling_call_against_pt2cg(store: Store) -> None:
     assert rows["grace"].calls_peak_mem == 42 * mib and rows["grace"].mem_vs_pt2cg == pytest.approx(1.05)
     assert rows["eager"].calls_peak_mem is None and rows["eager"].mem_vs_pt2cg is None
     assert rows["pt2cg"].mem_vs_pt2cg == pytest.approx(1.0)
+    assert rows["grace"].calls_peak_reserved == 84 * mib and rows["grace"].reserved_vs_pt2cg == pytest.approx(
+        1.05
+    )
+    assert rows["eager"].calls_peak_reserved is None and rows["eager"].reserved_vs_pt2cg is None
     text = render_text(report).splitlines()
     line = next(line for line in text if line.startswith("alexnet") and " grace " in line)
-    assert "42.0 MiB" in line and line.endswith("1.05x")
+    assert line.split()[-6:] == ["42.0", "MiB", "1.05x", "84.0", "MiB", "1.05x"]
 
 
 def test_modes_against_the_raw_graph_reference_of_the_same_run(store: Store) -> None:
@@ -155,7 +162,11 @@ def test_tables_without_a_reference_keep_their_columns(store: Store) -> None:
     with store.Session() as session:
         text = render_text(build_report(session))
     header = next(line for line in text.splitlines() if line.startswith("workload"))
-    assert "vs_raw" not in header and header.split()[-1] == "mem_vs_pt2cg"
+    assert "vs_raw" not in header and header.split()[-3:] == [
+        "mem_vs_pt2cg",
+        "calls_peak_reserved",
+        "reserved_vs_pt2cg",
+    ]
 
 
 def test_missing_or_skipped_baseline_gives_none(store: Store) -> None:

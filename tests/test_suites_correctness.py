@@ -307,11 +307,12 @@ def test_each_mode_window_starts_without_cublas_workspaces(monkeypatch: pytest.M
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"), raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a stand-in GPU in use
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: calls.append("reset"))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: calls.append("base") or 7)
     stand_in = types.SimpleNamespace(device=torch.device("cuda"))
     assert harness.PreparedWorkload._reset_peak(stand_in) == 7  # type: ignore[arg-type]
-    assert calls == ["synchronize", "clear", "reset", "base"]
+    assert calls == ["synchronize", "clear", "empty", "reset", "base"]
 
 
 def test_calls_peak_leaves_out_the_compiling_call(
@@ -319,20 +320,26 @@ def test_calls_peak_leaves_out_the_compiling_call(
 ) -> None:
     """peak_mem_bytes spans compile and warm-up; calls_peak_mem_bytes only the calls after the first (whose
     figure depends on what Inductor's caches held), both above the window's base."""
-    memory = {"allocated": 10, "peak": 10}
+    memory = {"allocated": 10, "peak": 10, "reserved": 20, "reserved_peak": 20}
 
-    def bump(to: int) -> None:
+    def bump(to: int, reserved: int) -> None:
         memory["peak"] = max(memory["peak"], to)
+        memory["reserved"] = max(memory["reserved"], reserved)  # cached until empty_cache
+        memory["reserved_peak"] = max(memory["reserved_peak"], memory["reserved"])
 
     def reset(*a: Any, **k: Any) -> None:
         memory["peak"] = memory["allocated"]
+        memory["reserved_peak"] = memory["reserved"]
+
+    def empty_cache() -> None:
+        memory["reserved"] = 25  # what stays in use: the compiled mode's own blocks
 
     def make(model: Any) -> Callable[..., Any]:
         calls = [0]
 
         def fn(*inputs: Any) -> Any:
             calls[0] += 1
-            bump(110 if calls[0] == 1 else 50)  # compile-time memory, then recording / deciding
+            bump(*((110, 300) if calls[0] == 1 else (50, 80)))  # compile-time memory, then the calls
             return model(*inputs)
 
         return fn
@@ -348,9 +355,15 @@ def test_calls_peak_leaves_out_the_compiling_call(
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: memory["peak"])
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: memory["allocated"])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: memory["reserved"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a, **k: memory["reserved_peak"])
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
     prepared = harness.PreparedWorkload(get(toy("toy_peaks", linear)), "smoke", CPU, torch.float32)
     prepared.load()
     prepared.device = torch.device("cuda")
     entry = prepared.compiled_mode(Mode.GRACE)
     assert entry.failure is None
     assert (entry.peak_mem_bytes, entry.calls_peak_mem_bytes, entry.resident_mem_bytes) == (100, 40, 0)
+    # reserved: above the window's start (20), over the calls after the compiling one, whose cached
+    # blocks (300) went back first
+    assert entry.calls_peak_reserved_bytes == 60
