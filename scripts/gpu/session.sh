@@ -51,7 +51,10 @@ for spec in "${STEPS[@]}"; do
     gpu-tests)
       GRACE_TEST_ARTIFACTS="$OUT/gpu-tests" timeout -s INT -k 20 "$limit" \
         python -m pytest ${GRACE_GPU_TESTS:-tests} -m gpu -q -rfEs -p no:cacheprovider \
-        --junitxml "$OUT/gpu-tests.xml" ;;
+        --junitxml "$OUT/gpu-tests.xml"
+      rc=$?
+      sed -i "s#$REPO/##g" "$OUT/gpu-tests.xml" 2>/dev/null  # paths relative to the repository
+      (exit $rc) ;;
     cgct)
       # shellcheck disable=SC2086  # GRACE_CGCT_ARGS holds several words on purpose
       OUT="$OUT" timeout -s INT -k 20 "$limit" python scripts/gpu/cgct_check.py ${GRACE_CGCT_ARGS:-} ;;
