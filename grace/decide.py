@@ -11,8 +11,8 @@ Design (one call, on the caller's real inputs):
    the no-graph variant's SCG samples taken at once (grace.hostref);
 2. the graph variants of ``grace.variants`` are captured: with copies and, when PI is enabled and
    usable, a PI graph reading the same placeholders (Note: [PI seam] in grace.capture); under option
-   ``pi_direct`` first the PI graph alone, on the caller's inputs, which stands alone when its PI
-   serves every dynamic input;
+   ``pi_direct`` first the PI graph alone, on the caller's inputs (or on placeholders of its own
+   where they cannot be borrowed), which stands alone when its PI serves every dynamic input;
 3. each variant runs from the call's state (``grace.rerun.CallStart``) in its spec's check order and
    is dropped when its outputs or mutated inputs differ from the reference (PI first, with zeros in the
    placeholders it shares, then again with its inputs at new addresses: the placeholders);
@@ -134,8 +134,7 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     if mutated:
         reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
         start.restore()
-    graphs, wanted = _capture_variants(facts, args)
-    direct = any(g.borrowed for g in graphs.values())
+    graphs, wanted, alone = _capture_variants(facts, args)
 
     reference, on_host, pretimed, devices = early
     del early  # ``reference`` is the only holder: it is dropped before the timing
@@ -154,8 +153,8 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     problems = allow_noise(problems, problem_of, facts, args, reference, start, noise, reference_state)
     for variant in list(graphs):
         checks.keep_if_it_passes(variant, problems[variant])
-    if direct and len(checks.candidates) == 1:
-        # The graph read on the caller's inputs failed: capture the variants that need no other.
+    if alone and len(checks.candidates) == 1:
+        # The graph that stood alone failed: capture the variants that need no other.
         _capture_the_rest(facts, args, graphs, wanted, set(problems), checks, problem_of)
     if len(checks.candidates) > 1 or host_reference is not None:
         # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed
@@ -280,22 +279,23 @@ def _time(facts: SlotFacts, runs: dict[Variant, Callable[[], Any]]) -> dict[Vari
 
 def _capture_variants(
     facts: SlotFacts, args: Sequence[Any]
-) -> tuple[dict[Variant, CapturedGraph], list[VariantSpec]]:
-    """The graph variants to check, and the specs the slot wants: one spec's graph that stands alone
-    (option ``pi_direct``: the PI graph captured on the caller's inputs), else every wanted spec whose
+) -> tuple[dict[Variant, CapturedGraph], list[VariantSpec], bool]:
+    """The graph variants to check, the specs the slot wants, and whether one graph stands alone: one
+    spec's graph that does (option ``pi_direct``: the PI graph captured on the caller's inputs, or on
+    placeholders of its own, Note: [A PI graph alone] in grace.variants), else every wanted spec whose
     ``needs`` were captured, in capture order."""
     wanted = [spec for spec in variants.specs() if spec.wanted(facts)]
     for spec in wanted:
         alone = spec.capture_alone(facts, args)
         if alone is not None:
-            return {spec.variant: alone}, wanted
+            return {spec.variant: alone}, wanted, True
     graphs: dict[Variant, CapturedGraph] = {}
     for spec in wanted:
         if all(v in graphs for v in spec.needs):
             graph = spec.capture(facts, args, graphs)
             if graph is not None:
                 graphs[spec.variant] = graph
-    return graphs, wanted
+    return graphs, wanted, False
 
 
 def _check_variant(

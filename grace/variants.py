@@ -164,9 +164,26 @@ class PISpec(VariantSpec):
         return True
 
     def capture_alone(self, facts: SlotFacts, args: Sequence[Any]) -> CapturedGraph | None:
+        """Note: [A PI graph alone]
+        Under option ``pi_direct`` the PI graph is first captured on the caller's inputs. Where the
+        inputs themselves cannot be borrowed (two share a storage, an output views one: PI could not
+        tell their uses apart, or the caller's tensor would be an output), it is captured alone on
+        placeholders of its own: checked like any PI graph (zeros in the placeholders, then the
+        placeholders as inputs at new addresses) and, when it fails, followed by the graph with copies.
+        So a deciding call holds one graph's outputs instead of two (a training forward's saved
+        tensors). A graph whose plan leaves an input to a copy is released: the usual pair follows, the
+        graph with copies first and the PI graph on its placeholders."""
         if not facts.options.pi_direct:
             return None
-        return self._capture(facts, args, borrow=True)
+        declined: list[SkipReason] = []
+        graph = self._capture(facts, args, borrow=True, declined=declined)
+        if graph is not None or not any(r.code is SkipCode.PI_DIRECT_DECLINED for r in declined):
+            return graph
+        graph = self._capture(facts, args)
+        if graph is not None and graph.pi_plan is not None and graph.pi_plan.uncovered_indices:
+            graph.release()
+            return None
+        return graph
 
     def capture(
         self, facts: SlotFacts, args: Sequence[Any], before: Mapping[Variant, CapturedGraph]
@@ -180,22 +197,27 @@ class PISpec(VariantSpec):
         *,
         borrow: bool = False,
         shared: Mapping[int, Any] | None = None,
+        declined: list[SkipReason] | None = None,
     ) -> CapturedGraph | None:
-        """The PI graph, read from ``shared`` placeholders or (``borrow``) from the caller's inputs; None
-        with the reason recorded when PI cannot serve it (a borrowed capture also when one input keeps a
-        copy)."""
+        """The PI graph, read from ``shared`` placeholders, from placeholders of its own, or (``borrow``)
+        from the caller's inputs; None with the reason recorded when PI cannot serve it (a borrowed
+        capture also when one input keeps a copy, and ``declined`` gets the capture's own refusal). A
+        graph captured without another (not on ``shared`` placeholders) records the graph's summary."""
         holder: dict[str, Any] = {}
         sink: dict[str, Any] = {}
         hook = pi_hook(facts, args, holder)
+        alone = shared is None
         try:
             graph = _capture(
                 facts,
                 args,
-                [summary_hook(sink), hook] if borrow else [hook],
+                [summary_hook(sink), hook] if alone else [hook],
                 placeholders=shared,
                 borrow_inputs=borrow,
             )
         except CaptureError as exc:
+            if declined is not None:
+                declined.append(exc.reason)  # why the capture itself refused (capture_alone reads it)
             code, what = (
                 (SkipCode.PI_DIRECT_DECLINED, "capture") if borrow else (SkipCode.PI_FAILED, "capture for PI")
             )
@@ -203,7 +225,7 @@ class PISpec(VariantSpec):
             return None
         if not adopt_pi(facts.record, graph, holder.get("result"), borrow):
             return None
-        if borrow:
+        if alone:
             record_summary(facts.record, sink)
         return graph
 
