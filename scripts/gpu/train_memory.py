@@ -58,7 +58,8 @@ def pools() -> dict[str, dict[str, float]]:
 
 
 class PhaseMeter:
-    """Peak and allocated MiB above ``base`` at each phase boundary of one iteration."""
+    """Peak and allocated MiB above ``base`` at each phase boundary of one iteration, and the peak the
+    caching allocator reserved in that phase (all of it: graph pools whole, cached blocks included)."""
 
     def __init__(self, base: int) -> None:
         self.base = base
@@ -71,6 +72,7 @@ class PhaseMeter:
                 "phase": phase,
                 "peak_mib": round((torch.cuda.max_memory_allocated() - self.base) / MIB, 1),
                 "allocated_mib": round((torch.cuda.memory_allocated() - self.base) / MIB, 1),
+                "reserved_peak_mib": round(torch.cuda.max_memory_reserved() / MIB, 1),
             }
         )
         torch.cuda.reset_peak_memory_stats()
