@@ -250,9 +250,9 @@ class CapturedGraph:
 
     # --- replay -------------------------------------------------------------------------------
 
-    def forget_placeholders(self) -> int:
-        """Drop the placeholders (``Bindings.forget_placeholders``); returns the bytes let go."""
-        return self.bindings.forget_placeholders()
+    def forget_placeholders(self) -> None:
+        """Drop the placeholders (``Bindings.forget_placeholders``)."""
+        self.bindings.forget_placeholders()
 
     def own_placeholders(self) -> dict[int, int]:
         """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses."""

@@ -177,19 +177,17 @@ class Bindings:
         self.borrowed = False
         return {i: int(p.data_ptr()) for i, p in self.placeholders.items()}
 
-    def forget_placeholders(self) -> int:
+    def forget_placeholders(self) -> None:
         """Drop the placeholders and keep their layouts, as a graph captured on the caller's inputs
-        does (it gets new ones from ``own_placeholders`` when a call first needs one); returns the bytes
-        let go. Only for a graph that reads no placeholder: PI points every read elsewhere (Note:
-        [Placeholders PI serves] in grace.variants)."""
+        does (it gets new ones from ``own_placeholders`` when a call first needs one). Only for a graph
+        that reads no placeholder: PI points every read elsewhere (Note: [Placeholders PI serves] in
+        grace.variants)."""
         if self.borrowed or not self.placeholders:
-            return 0
-        held = sum(d.nbytes for d in self.dense.values())
+            return
         self.layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in self.placeholders.items()}
         self.placeholders = {}
         self.dense = {}
         self.borrowed = True
-        return held
 
     def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
         torch_compat.foreach_copy([self.dense[i] for i in indices], [dense_view(args[i]) for i in indices])

@@ -201,12 +201,7 @@ def build_report(
         reserved = {mode: _calls_peak(r, "calls_peak_reserved_bytes") for mode, r in modes.items()}
         b2b = {mode: _details_float(r.get("performance"), "b2b_ms_median") for mode, r in modes.items()}
         for mode in sorted(modes, key=_mode_key):
-            row = _row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks)
-            row = dataclasses.replace(
-                row,
-                calls_peak_reserved=reserved.get(mode),
-                reserved_vs_pt2cg=_ratio(reserved.get(mode), reserved.get("pt2cg")),
-            )
+            row = _row(cell_id, by_pk[run_pk].uid, name, tier, mode, modes[mode], medians, peaks, reserved)
             if (run_pk, name, tier) in training:
                 perf = modes[mode].get("performance")
                 phases = phases_of(perf.details if perf is not None else None)
@@ -232,6 +227,7 @@ def _row(
     results: dict[str, Any],
     medians: dict[str, float],
     peaks: dict[str, int | None],
+    reserved: dict[str, int | None],
 ) -> ReportRow:
     corr: CorrectnessResult | None = results.get("correctness")
     perf: PerformanceResult | None = results.get("performance")
@@ -261,6 +257,8 @@ def _row(
         else _details_float(corr, "compile_s"),
         calls_peak_mem=peaks.get(mode),
         mem_vs_pt2cg=_ratio(peaks.get(mode), peaks.get("pt2cg")),
+        calls_peak_reserved=reserved.get(mode),
+        reserved_vs_pt2cg=_ratio(reserved.get(mode), reserved.get("pt2cg")),
     )
 
 

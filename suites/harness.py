@@ -235,8 +235,6 @@ class PreparedWorkload:
                 synchronize(self.device)
                 entry.compile_s = time.perf_counter() - t0
                 compile_peak = self._peak_since_reset() if base is not None else None
-                if base is not None:
-                    self._drop_cached_blocks()
                 for _ in range(WARMUP_CALLS - 1):
                     entry.fn(*entry.inputs)
             synchronize(self.device)
@@ -266,15 +264,12 @@ class PreparedWorkload:
     def _reset_peak(self) -> int | None:
         return memory_window_base(self.device) if self.device.type == "cuda" else None
 
-    def _drop_cached_blocks(self) -> None:
-        """The compiling call's cached free blocks go back to the device, so that the calls' reserved
-        peak counts what they hold, not what compiling left cached (the peak statistics start again)."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-
     def _peak_since_reset(self) -> int:
-        """The peak allocated since the window opened; the peak statistics start again from now."""
+        """The peak allocated since the window opened; the peak statistics start again from now, after
+        the cached free blocks went back to the device, so that the next calls' reserved peak counts what
+        they hold, not what compiling left cached."""
         peak = int(torch.cuda.max_memory_allocated(self.device))
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         return peak
 

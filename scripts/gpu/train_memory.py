@@ -6,7 +6,8 @@ peak and the allocated bytes above the window's base at the end of each phase (f
 optimizer step), and after the last call the allocated and reserved bytes of every memory pool
 (``torch.cuda.memory_snapshot``: the default pool and each graph's private pool) and grace's graphs
 (variant, calls, held-output calls, output bytes held). A mode is ``pt2cg``, ``grace`` or
-``grace:key=value,...`` (GraceOptions overrides, values read as JSON: ``grace:max_output_sets=16``).
+``grace:key=value,...`` (GraceOptions overrides, values read as ``--grace-option`` reads them:
+``grace:max_output_sets=16``).
 
 Run from the repository root: ``python scripts/gpu/train_memory.py --out DIR --workloads A,B --modes M,N``.
 Writes ``train_memory.json`` under ``--out`` after every mode.
@@ -31,6 +32,7 @@ import grace
 import grace.pools
 from suites.harness import memory_window_base
 from suites.modes import Mode, reset_compilers, set_grace_overrides
+from suites.options import parse_grace_options
 from suites.tensors import clone_inputs
 from suites.training import TrainStep
 from suites.workloads import get
@@ -39,12 +41,10 @@ MIB = 1 << 20
 
 
 def parse_mode(text: str) -> tuple[Mode, dict[str, Any]]:
+    """``grace:key=value,...`` -> the mode and its GraceOptions overrides (as ``--grace-option`` reads
+    them)."""
     name, _, rest = text.partition(":")
-    overrides = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        overrides[key] = json.loads(value)
-    return Mode(name), overrides
+    return Mode(name), dict(parse_grace_options([item for item in rest.split(",") if item]))
 
 
 def pools() -> dict[str, dict[str, float]]:
