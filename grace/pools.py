@@ -10,9 +10,12 @@ Design: ``CapturedGraph.release`` first drops every tensor of its own (outputs, 
 passes weak references to its outputs' storages and the pool's release (reset the torch graph, destroy
 the pristine copy) to ``release_when_unheld``. With nothing of the outputs alive any more (every
 storage's use count is zero: no tensor, view or alias of them, and no Python storage object, is left),
-the pool is released at once, as before; otherwise it waits here. ``release_unheld`` releases the
-waiting pools whose outputs have all been dropped since; the runner calls it at the start of every call
-(one check of an empty list when nothing waits) and ``grace.reset()`` calls it after releasing.
+the pool is released at once; otherwise it waits here. A released pool's segments go back to the device
+at once (``hand_back_cached_segments``): resetting a graph only marks its pool freeable, and until the
+allocator's cache is emptied the pool would stay reserved beside every later graph's. ``release_unheld``
+releases the waiting pools whose outputs have all been dropped since; the runner calls it at the start
+of every call (one check of an empty list when nothing waits) and ``grace.reset()`` calls it after
+releasing.
 
 Invariants:
 - a pool is released only once every storage its outputs had is dead, so no memory a caller can still
@@ -54,6 +57,7 @@ def release_when_unheld(storages: Sequence[Any], release: Callable[[], None]) ->
     if not entry.held():
         with torch_compat.capture_lock:  # never while another thread captures (grace.capture)
             release()
+            torch_compat.hand_back_cached_segments()
         return True
     with _lock:
         _waiting.append(entry)
@@ -75,6 +79,7 @@ def release_unheld() -> int:
     with torch_compat.capture_lock:
         for entry in done:
             entry.release()
+        torch_compat.hand_back_cached_segments()
     return len(done)
 
 

@@ -163,6 +163,32 @@ def test_a_call_on_another_stream_waits_for_reads_still_queued_on_the_first(pi: 
 # --- more signatures than graphs -------------------------------------------------------------------
 
 
+def test_an_evicted_graphs_pool_goes_back_to_the_device(tmp_path: Path) -> None:
+    """A graph evicted with none of its outputs held leaves no reserved memory behind: its pool's
+    segments are handed back at once (grace.pools), not left cached until ``empty_cache``."""
+    model = _model()
+    compiled = torch.compile(
+        model, backend=GraceBackend(_options(tmp_path, max_graphs_per_callable=1)), dynamic=True
+    )
+    big_rows = 1 << 17  # 64 MiB per float64 activation: the big graph's pool holds several of them
+    with torch.no_grad():
+        x = _input(big_rows)
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+        del x
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        with_big = torch.cuda.memory_reserved()
+        assert _graph_records(), stats.snapshot()
+        small = _input(8)
+        for _ in range(4):  # evicts the big graph; no output of it is held
+            torch.testing.assert_close(compiled(small), model(small), **TOL)
+        torch.cuda.synchronize()
+        released = [r for r in stats.snapshot() if r["released"] and r["variant"] in GRAPHS]
+        assert released, stats.snapshot()
+        assert torch.cuda.memory_reserved() < with_big - (64 << 20), (with_big, torch.cuda.memory_reserved())
+
+
 def test_outputs_of_evicted_graphs_stay_intact_while_held(tmp_path: Path) -> None:
     """Five batch sizes through one compiled callable that keeps two graphs: the last output of each
     size is kept while later sizes evict its graph, memory is allocated and written meanwhile, and every

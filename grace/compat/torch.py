@@ -144,6 +144,16 @@ def clear_cublas_workspaces() -> None:
             clear()
 
 
+def hand_back_cached_segments() -> None:
+    """Return the caching allocator's unused segments to the device, released graphs' pools among them.
+
+    Resetting a graph only marks its private pool freeable: its segments stay reserved until
+    ``empty_cache`` or an allocation that fails without them. Called by grace.pools after releasing
+    pools, under ``capture_lock``; never while a stream of this thread captures."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and not is_current_stream_capturing():
+        torch.cuda.empty_cache()
+
+
 @functools.cache
 def _generation_sources() -> tuple[Any, Any]:
     from torch._dynamo.mutation_guard import GenerationTracker
