@@ -12,9 +12,19 @@ times ``NOISE_FACTOR``; written inputs are named under ``MUTATED``) is allowed t
 check of the slot. A wrong result (stale inputs, a wrong pointer) differs by far more than the
 callable's own spread; where two runs agree, nothing is allowed beyond the dtype's tolerance.
 
+Note: [Flips beside noise]
+An integer or boolean output computed from noisy floats flips where a float lies within the spread of
+its threshold: a ReLU's or LeakyReLU's mask saved for the backward (dcgan), an argmax over near-ties.
+Two no-graph runs may happen to agree on such an output while a replay flips an element, so where the
+two runs differ in any floating-point place, every integer or boolean place (outputs and written
+inputs) may differ from the reference in at most ``FLIP_FRACTION`` of its elements (rounded down: a
+small tensor, a Philox seed or a step count, may not differ at all). A wrong result (stale inputs, a
+wrong pointer, another dropout mask) differs in a large share of the elements, far above that.
+
 Design: ``run_to_run_noise`` names each floating-point output by its place in the output structure
 (``"[1]"``, as ``grace.scg.outputs_match`` walks it) with ``NOISE_FACTOR`` times the two runs' largest
-difference there; ``allow_noise`` is the deciding call's step (grace.decide); the slot keeps what it
+difference there; ``flip_allowances`` names each integer or boolean place with the count of its
+elements that may differ; ``allow_noise`` is the deciding call's step (grace.decide); the slot keeps what it
 found for the checks of later calls (grace.verify).
 
 Invariant: nothing is allowed where two no-graph runs agree; the second run starts from the call's
@@ -36,6 +46,7 @@ from grace.scg import MUTATED, Variant, max_abs_difference
 from grace.verify import synchronize
 
 NOISE_FACTOR = 4.0
+FLIP_FRACTION = 1e-3  # Note: [Flips beside noise]
 
 
 def run_to_run_noise(first: Any, second: Any, at: str = "") -> dict[str, float]:
@@ -55,9 +66,27 @@ def run_to_run_noise(first: Any, second: Any, at: str = "") -> dict[str, float]:
     return {}
 
 
+def flip_allowances(values: Any, at: str = "") -> dict[str, float]:
+    """Per integer or boolean tensor of ``values``, by its place, how many of its elements may differ
+    (Note: [Flips beside noise]); places where none may are left out."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex:
+            return {}
+        allowed = int(values.numel() * FLIP_FRACTION)
+        return {at: float(allowed)} if allowed > 0 else {}
+    if isinstance(values, (list, tuple)):
+        found: dict[str, float] = {}
+        for i, item in enumerate(values):
+            found.update(flip_allowances(item, f"{at}[{i}]"))
+        return found
+    return {}
+
+
 def differs(problem: str | None) -> bool:
     """Whether a check failed on values (not on a failed replay, a structure or a PI plan's health)."""
-    return problem is not None and "max abs difference" in problem
+    return problem is not None and (
+        "max abs difference" in problem or "integer/bool values differ" in problem
+    )
 
 
 def written_inputs(facts: SlotFacts, args: Sequence[Any]) -> list[Any]:
@@ -84,9 +113,12 @@ def measure(
             SkipReason(
                 SkipCode.NUMERIC_NOISE,
                 f"two no-graph runs on the same inputs differ (up to {worst:.3g} at {len(noise)} "
-                f"output(s)): the slot's checks allow {NOISE_FACTOR:g}x that spread there",
+                f"output(s)): the slot's checks allow {NOISE_FACTOR:g}x that spread there, and "
+                f"{FLIP_FRACTION:g} of the elements of integer/bool outputs to differ",
             )
         )
+        noise.update(flip_allowances(reference))
+        noise.update(flip_allowances(list(reference_state), MUTATED))
     return noise
 
 

@@ -39,7 +39,7 @@ def test_chunked_comparison_finds_a_difference_in_the_last_chunk() -> None:
     changed = ints.clone()
     changed[-1] += 1
     assert outputs_match(ints, ints.clone()) is None
-    assert outputs_match(ints, changed) == "output: integer/bool values differ"
+    assert (outputs_match(ints, changed) or "").startswith("output: integer/bool values differ")
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from grace.noise import NOISE_FACTOR, allow_noise, measure
+from grace.noise import FLIP_FRACTION, NOISE_FACTOR, allow_noise, flip_allowances, measure
 from grace.reasons import SkipReason
 from grace.rerun import CallStart
 from grace.scg import MUTATED, Variant, outputs_match
@@ -89,3 +89,57 @@ def test_runs_that_agree_allow_nothing_and_checks_are_not_repeated() -> None:
     after = allow_noise(problems, recheck, _facts(fn), args, reference, start, noise, state)
     assert noise == {} and rechecked == [] and after == problems
     assert fn.runs == 2
+
+
+class NoisyMask:
+    """``(x * w, x * w > 0)``: every run after the first is ``spread`` off the first in its float
+    output, as atomic adds make it; the mask is the first run's on every run."""
+
+    def __init__(self, spread: float) -> None:
+        self.spread = spread
+        self.runs = 0
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.runs += 1
+        y = x * w
+        return y + (0.0 if self.runs == 1 else self.spread), y > 0
+
+
+def _mask_call(spread: float) -> tuple[Any, list[torch.Tensor], CallStart, Any]:
+    fn = NoisyMask(spread)
+    torch.manual_seed(0)
+    args = [torch.randn(100, 100), torch.randn(100)]
+    facts = SimpleNamespace(compiled=fn, mutated=(), device=torch.device("cpu"), record=Record())
+    return facts, args, CallStart(args, [], False, torch.device("cpu")), fn(*args)
+
+
+def _flipped(mask: torch.Tensor, count: int) -> torch.Tensor:
+    out = mask.clone().flatten()
+    out[:count] = ~out[:count]
+    return out.view_as(mask)
+
+
+def test_a_noisy_callable_allows_a_few_flipped_mask_elements_and_no_more() -> None:
+    facts, args, start, reference = _mask_call(spread=1e-3)
+    noise = measure(facts, args, reference, start, [])
+    allowed = int(reference[1].numel() * FLIP_FRACTION)  # 10 of 10,000
+    assert noise["[1]"] == allowed and "[0]" in noise
+    few = (reference[0], _flipped(reference[1], allowed))
+    many = (reference[0], _flipped(reference[1], allowed + 1))
+    assert outputs_match(reference, few, noise=noise) is None
+    problem = outputs_match(reference, many, noise=noise)
+    assert problem is not None and f"{allowed + 1} of 10000" in problem
+    assert outputs_match(reference, few, noise={}) is not None  # without a measured spread: exact
+
+
+def test_a_callable_whose_runs_agree_allows_no_flip() -> None:
+    facts, args, start, reference = _mask_call(spread=0.0)
+    noise = measure(facts, args, reference, start, [])
+    assert noise == {}
+    assert outputs_match(reference, (reference[0], _flipped(reference[1], 1)), noise=noise) is not None
+
+
+def test_a_lone_integer_value_may_never_differ() -> None:
+    seed = torch.tensor(1234)
+    assert flip_allowances([seed, torch.zeros(999, dtype=torch.bool)]) == {}
+    assert flip_allowances([seed, torch.zeros(1000, dtype=torch.bool)]) == {"[1]": 1.0}
