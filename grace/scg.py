@@ -230,6 +230,14 @@ def _equal_in_chunks(reference: Any, candidate: Any) -> bool:
     return all(verdicts)
 
 
+def count_differences(reference: Any, candidate: Any) -> int:
+    """How many elements differ, chunk by chunk (either tensor may be held in host memory)."""
+    import torch
+
+    counts = [(ref != cand).sum() for ref, cand in _chunk_pairs(reference, candidate)]
+    return int(torch.stack(counts).sum()) if counts else 0
+
+
 def max_abs_difference(reference: Any, candidate: Any) -> float:
     """The largest ``|reference - candidate|`` in float64 (NaN counts as infinite), chunk by chunk."""
     import torch
@@ -300,7 +308,7 @@ def outputs_match(
                 return f"{path}: max abs difference {worst:.3g} (rtol {rtol}, atol {atol}{spread})"
             return None
         if not _equal_in_chunks(reference, candidate):
-            flips = int((reference != candidate).sum())
+            flips = count_differences(reference, candidate)
             allowed = (noise or {}).get(at)
             if allowed is not None and flips <= allowed:
                 return None  # Note: [Flips beside noise] in grace.noise

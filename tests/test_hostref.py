@@ -64,6 +64,15 @@ def test_cuda_outputs_move_to_the_host_above_the_threshold_and_compare_against_t
     candidate[-1] += 1.0
     problem = outputs_match(host[0], candidate)
     assert problem is not None and "max abs difference" in problem
+    mask = big > 0  # a mask held in host memory, a replay's on the device with two flips
+    flipped = mask.clone()
+    flipped[:2] = ~flipped[:2]
+    host_mask, moved = offload(mask, 1)
+    assert moved and host_mask.device.type == "cpu"
+    allowed = {"": 2.0}  # Note: [Flips beside noise]
+    assert outputs_match(host_mask, flipped, noise=allowed) is None
+    problem = outputs_match(host_mask, flipped, noise={"": 1.0})
+    assert problem is not None and f"2 of {mask.numel()}" in problem
 
 
 @pytest.mark.gpu
