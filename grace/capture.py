@@ -20,7 +20,8 @@ Invariants:
   ``CaptureError`` carrying a ``SkipReason``;
 - no graph reads a cuBLAS workspace outside its own pool (Note: [cuBLAS workspaces]);
 - placeholders can be shared between the graphs of one deciding call (``placeholders=...``; the rule
-  in grace.placeholders); a capture on the caller's inputs (``borrow_inputs``) keeps none.
+  in grace.placeholders); a capture on the caller's inputs (``borrow_inputs``) keeps only those of
+  the inputs it could not read in place (``own_placeholder_inputs``: a storage another input shares).
 
 Note: [PI seam] ``grace.pi.prepare(ctx)`` receives a ``CaptureContext`` and returns an object satisfying
 ``PIPlan`` or a ``SkipReason``. Before each replay the runner calls ``plan.update(inputs)``: True means
@@ -107,6 +108,7 @@ __all__ = [
     "dense_view",
     "make_placeholder",
     "output_refs",
+    "own_placeholder_inputs",
     "placeholders_for",
     "poison_placeholders",
     "pool_output_bytes",
@@ -205,16 +207,16 @@ def capture_graph(
 ) -> CapturedGraph:
     """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
 
-    ``placeholders``: those of another graph of the same inputs, to read from instead of fresh ones
-    (see the invariants above and ``placeholders_for``). ``borrow_inputs``: capture on the inputs
-    themselves (the hooks see them as the placeholders) and return a graph without placeholders
-    (``CapturedGraph.borrowed``); only for a graph whose hooks redirect every read of them (PI), and only
-    where ``borrow_blocker`` finds nothing. An output that views an input raises ``CaptureError``.
-    ``keep_pristine``: keep a copy of the captured graph as it was before the hooks (grace.rebind serves
-    other addresses of the static inputs from it); only where this torch keeps the captured graph.
-    ``kept_from``: Note: [Outputs autograd keeps] in grace.outputs.
+    ``placeholders``: another graph's of the same inputs, read instead of fresh ones (the invariants
+    above). ``borrow_inputs``: read the inputs in place (the hooks see them as placeholders; the graph
+    keeps their layouts, ``CapturedGraph.borrowed``) but for those ``own_placeholder_inputs`` names;
+    only for PI graphs, where ``borrow_blocker`` finds nothing; an output viewing an input raises
+    ``CaptureError``. ``keep_pristine``: keep a copy of the graph as before the hooks (grace.rebind),
+    where this torch keeps the captured graph. ``kept_from``: Note: [Outputs autograd keeps].
     """
-    placeholders = _capture_placeholders(args, dynamic_indices, static_indices, placeholders, borrow_inputs)
+    placeholders, own = _capture_placeholders(
+        args, dynamic_indices, static_indices, placeholders, borrow_inputs
+    )
     capture_args = list(args)
     for i, placeholder in placeholders.items():
         capture_args[i] = placeholder
@@ -263,6 +265,7 @@ def capture_graph(
         static_ptrs=static_pointers(args, static_indices),
         copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
         borrowed=borrow_inputs,
+        own_indices=own if borrow_inputs else frozenset(),
         pristine=pristine,
         static_spans=storage_spans(args, static_indices),
         capture_spans={i: StorageSpan.of(p) for i, p in placeholders.items()},
@@ -276,15 +279,18 @@ def _capture_placeholders(
     static_indices: Sequence[int],
     shared: Mapping[int, torch.Tensor] | None,
     borrow_inputs: bool,
-) -> dict[int, torch.Tensor]:
-    """What the capture reads for each dynamic input: the inputs themselves (``borrow_inputs``, where
-    ``borrow_blocker`` finds nothing), ``shared`` placeholders or fresh ones."""
-    if borrow_inputs:
-        blocker = borrow_blocker(args, dynamic_indices, static_indices)
-        if blocker:
-            raise CaptureError(SkipReason(SkipCode.PI_DIRECT_DECLINED, blocker))
-        shared = {i: args[i] for i in dynamic_indices}
-    return placeholders_for(args, dynamic_indices, shared)
+) -> tuple[dict[int, torch.Tensor], frozenset[int]]:
+    """What the capture reads for each dynamic input, and which of them are the graph's own: the inputs
+    themselves (``borrow_inputs``; fresh placeholders where ``own_placeholder_inputs`` names one),
+    ``shared`` placeholders or fresh ones."""
+    if not borrow_inputs:
+        placeholders = placeholders_for(args, dynamic_indices, shared)
+        return placeholders, frozenset(placeholders)
+    blocker = borrow_blocker(args, dynamic_indices)
+    if blocker:
+        raise CaptureError(SkipReason(SkipCode.PI_DIRECT_DECLINED, blocker))
+    own = own_placeholder_inputs(args, dynamic_indices, static_indices)
+    return {i: make_placeholder(args[i]) if i in own else args[i] for i in dynamic_indices}, frozenset(own)
 
 
 def _record(
@@ -354,29 +360,36 @@ def _output_list(outputs: Any) -> tuple[str, list[Any]]:
     return "single", [outputs]
 
 
-def borrow_blocker(args: Sequence[Any], dynamic_indices: Sequence[int], static_indices: Sequence[int]) -> str:
-    """Why a capture may not read the dynamic inputs in place (empty when it may).
-
-    PI tells an input's uses apart by the address range of its storage, and output aliases are found by
-    storage: two dynamic inputs that share a storage, or one that shares a static input's, would be
-    confused."""
-    owner: dict[int, int] = {}
+def borrow_blocker(args: Sequence[Any], dynamic_indices: Sequence[int]) -> str:
+    """Why a capture may not read the dynamic inputs in place at all (empty when it may)."""
     for i in dynamic_indices:
-        t = args[i]
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(args[i], torch.Tensor):
             return f"input {i} is not a tensor"
-        key = _storage_ptr(t)
-        if key in owner:
-            return f"inputs {owner[key]} and {i} share a storage"
-        owner[key] = i
-    for i in static_indices:
-        t = args[i]
-        if isinstance(t, torch.Tensor) and _storage_ptr(t) in owner:
-            return f"input {owner[_storage_ptr(t)]} shares a storage with static input {i}"
     for i in dynamic_indices:
         if not args[i].is_cuda:
             return f"input {i} is not a CUDA tensor"
     return ""
+
+
+def own_placeholder_inputs(
+    args: Sequence[Any], dynamic_indices: Sequence[int], static_indices: Sequence[int]
+) -> dict[int, str]:
+    """The dynamic inputs a capture on the caller's inputs still reads from placeholders of its own, and
+    why: PI tells an input's uses apart by the address range of its storage, and output aliases are
+    found by storage, so of two dynamic inputs sharing a storage only the first is read in place, and
+    one sharing a static input's storage is never."""
+    static_storages = {_storage_ptr(args[i]): i for i in static_indices if isinstance(args[i], torch.Tensor)}
+    owner: dict[int, int] = {}
+    own: dict[int, str] = {}
+    for i in dynamic_indices:
+        key = _storage_ptr(args[i])
+        if key in static_storages:
+            own[i] = f"input {i} shares a storage with static input {static_storages[key]}"
+        elif key in owner:
+            own[i] = f"inputs {owner[key]} and {i} share a storage"
+        else:
+            owner[key] = i
+    return own
 
 
 def _run_hooks(

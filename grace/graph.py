@@ -105,6 +105,7 @@ class CapturedGraph:
         static_indices: tuple[int, ...],
         static_ptrs: list[int | None],
         borrowed: bool = False,
+        own_indices: frozenset[int] = frozenset(),
         layouts: Mapping[int, Layout] | None = None,
         pi_plan: PIPlan | None = None,
         origin: CapturedGraph | None = None,
@@ -119,8 +120,9 @@ class CapturedGraph:
         """A graph from what its capture (or rebind) found.
 
         ``placeholders``: what the graph reads for each dynamic input (``Bindings.of``; a ``borrowed``
-        graph keeps only their layouts). ``count_outputs``: the outputs live in this graph's pool and
-        count as held by it (a graph rebound from ``origin`` writes the origin's and counts none).
+        graph keeps only the layouts of those not in ``own_indices``). ``count_outputs``: the outputs
+        live in this graph's pool and count as held by it (a graph rebound from ``origin`` writes the
+        origin's and counts none).
         ``kept_from``: Note: [Outputs autograd keeps] in grace.outputs (None: an inference graph)."""
         bindings = Bindings.of(
             placeholders,
@@ -130,6 +132,7 @@ class CapturedGraph:
             static_ptrs=static_ptrs,
             copy_bytes=copy_bytes,
             borrowed=borrowed,
+            own_indices=own_indices,
             layouts=layouts,
         )
         return cls(
@@ -153,12 +156,11 @@ class CapturedGraph:
         has them and, like ``origin``, its placeholders (a graph captured on the caller's inputs gets
         placeholders of its own when a call needs a copy), and writes ``origin``'s pool and outputs."""
         own = origin.bindings
-        borrowed = bool(own.layouts)
         origin.family.sharers += 1
         rebound = cls.assemble(
             graph=graph,
             device=origin.device,
-            placeholders={} if borrowed else dict(own.placeholders),
+            placeholders=dict(own.placeholders),
             copy_indices=own.copy_indices,
             mutated_indices=own.mutated_indices,
             outputs=origin.outputs,  # one list for the family (Note: [Outputs and threads])
@@ -168,7 +170,6 @@ class CapturedGraph:
             static_indices=own.static_indices,
             static_ptrs=static_pointers(args, own.static_indices),
             copy_bytes=own.copy_bytes,
-            borrowed=borrowed,
             layouts=own.layouts,
             static_spans=storage_spans(args, own.static_indices),
             capture_spans=origin.rebinding.capture_spans,

@@ -116,14 +116,20 @@ def poison_placeholders(placeholders: Mapping[int, torch.Tensor]) -> None:
 Layout = tuple[torch.Size, tuple[int, ...], torch.dtype]  # size, strides, dtype of a placeholder
 
 
+def _layout(t: torch.Tensor) -> Layout:
+    return (t.size(), tuple(t.stride()), t.dtype)
+
+
 @dataclass
 class Bindings:
     """Where one graph reads its inputs: its placeholders and the static inputs' capture addresses.
 
     ``copy_indices``: the dynamic inputs read through a placeholder (copied into it, unless PI points
     the graph elsewhere); ``mutated_indices``: those of them the graph writes (copied back after a
-    replay). A ``borrowed`` graph was captured on the caller's inputs: it keeps none of them, only their
-    ``layouts``, and gets placeholders of its own when a call first needs one (``own_placeholders``)."""
+    replay). A ``borrowed`` graph was captured on the caller's inputs: of those it read in place it
+    keeps only their ``layouts``, and gets placeholders for them when a call first needs one
+    (``own_placeholders``); ``placeholders`` holds the rest. Every dynamic input is in exactly one of
+    ``placeholders`` and ``layouts``."""
 
     placeholders: dict[int, torch.Tensor]
     copy_indices: tuple[int, ...]
@@ -131,9 +137,13 @@ class Bindings:
     static_indices: tuple[int, ...]
     static_ptrs: list[int | None]
     copy_bytes: int = 0
-    borrowed: bool = False
     layouts: dict[int, Layout] = field(default_factory=dict)
     dense: dict[int, torch.Tensor] = field(default_factory=dict)  # dense_view of each placeholder
+
+    @property
+    def borrowed(self) -> bool:
+        """Whether some dynamic input has no placeholder (the graph was captured reading it in place)."""
+        return bool(self.layouts)
 
     @classmethod
     def of(
@@ -146,12 +156,15 @@ class Bindings:
         static_ptrs: list[int | None],
         copy_bytes: int = 0,
         borrowed: bool = False,
+        own_indices: frozenset[int] = frozenset(),
         layouts: Mapping[int, Layout] | None = None,
     ) -> Bindings:
-        """Bindings over ``placeholders`` (a borrowed graph keeps only their layouts, or ``layouts``)."""
-        if borrowed and layouts is None:
-            layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in placeholders.items()}
-        kept = {} if borrowed else dict(placeholders)
+        """Bindings over ``placeholders``. ``borrowed``: those not in ``own_indices`` are the caller's
+        inputs, of which only the layouts are kept; ``layouts``: inputs with none at all (a rebound
+        graph takes its origin's)."""
+        kept = {i: p for i, p in placeholders.items() if not borrowed or i in own_indices}
+        found = {i: _layout(p) for i, p in placeholders.items() if i not in kept}
+        found.update(layouts or {})
         return cls(
             placeholders=kept,
             copy_indices=copy_indices,
@@ -159,35 +172,35 @@ class Bindings:
             static_indices=static_indices,
             static_ptrs=static_ptrs,
             copy_bytes=copy_bytes,
-            borrowed=borrowed,
-            layouts=dict(layouts) if borrowed and layouts is not None else {},
+            layouts=found,
             dense={i: dense_view(p) for i, p in kept.items()},
         )
 
     def own_placeholders(self, device: torch.device) -> dict[int, int]:
-        """Give a borrowed graph placeholders of its own; returns their addresses.
+        """Give a borrowed graph placeholders of its own for the inputs it read in place; returns their
+        addresses.
 
-        Only a graph whose every read of a dynamic input goes through PI's table may lack them (nothing
+        Only a graph whose every read of such an input goes through PI's table may lack them (nothing
         in it reads a captured address), so the new ones serve every later copy."""
-        self.placeholders = {
+        made = {
             i: torch.empty_strided(size, stride, dtype=dtype, device=device)
             for i, (size, stride, dtype) in self.layouts.items()
         }
-        self.dense = {i: dense_view(p) for i, p in self.placeholders.items()}
-        self.borrowed = False
-        return {i: int(p.data_ptr()) for i, p in self.placeholders.items()}
+        self.placeholders.update(made)
+        self.dense.update({i: dense_view(p) for i, p in made.items()})
+        self.layouts = {}
+        return {i: int(p.data_ptr()) for i, p in made.items()}
 
     def forget_placeholders(self) -> None:
         """Drop the placeholders and keep their layouts, as a graph captured on the caller's inputs
         does (it gets new ones from ``own_placeholders`` when a call first needs one). Only for a graph
         that reads no placeholder: PI points every read elsewhere (Note: [Placeholders PI serves] in
         grace.variants)."""
-        if self.borrowed or not self.placeholders:
+        if not self.placeholders:
             return
-        self.layouts = {i: (p.size(), tuple(p.stride()), p.dtype) for i, p in self.placeholders.items()}
+        self.layouts.update({i: _layout(p) for i, p in self.placeholders.items()})
         self.placeholders = {}
         self.dense = {}
-        self.borrowed = True
 
     def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
         torch_compat.foreach_copy([self.dense[i] for i in indices], [dense_view(args[i]) for i in indices])

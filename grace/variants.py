@@ -165,14 +165,17 @@ class PISpec(VariantSpec):
 
     def capture_alone(self, facts: SlotFacts, args: Sequence[Any]) -> CapturedGraph | None:
         """Note: [A PI graph alone]
-        Under option ``pi_direct`` the PI graph is first captured on the caller's inputs. Where the
-        inputs themselves cannot be borrowed (two share a storage, an output views one: PI could not
-        tell their uses apart, or the caller's tensor would be an output), it is captured alone on
+        Under option ``pi_direct`` the PI graph is first captured on the caller's inputs, reading in
+        place every input it can: of inputs sharing one storage only the first (the others, and an
+        input sharing a static input's storage, get placeholders of their own: PI tells uses apart by
+        storage, ``grace.capture.own_placeholder_inputs``). Where the inputs cannot be borrowed at all
+        (an output views one: the caller's tensor would be an output), it is captured alone on
         placeholders of its own: checked like any PI graph (zeros in the placeholders, then the
         placeholders as inputs at new addresses) and, when it fails, followed by the graph with copies.
         So a deciding call holds one graph's outputs instead of two (a training forward's saved
-        tensors). A graph whose plan leaves an input to a copy is released: the usual pair follows, the
-        graph with copies first and the PI graph on its placeholders."""
+        tensors), and placeholders only where they are needed (a training backward's saved tensors,
+        two of which may view one tensor). A graph whose plan leaves an input to a copy is released:
+        the usual pair follows, the graph with copies first and the PI graph on its placeholders."""
         if not facts.options.pi_direct:
             return None
         declined: list[SkipReason] = []
@@ -256,7 +259,7 @@ class PISpec(VariantSpec):
         it drops them only while the plan's last update left no input uncovered, and any later update
         that does leaves it new placeholders before the replay."""
         plan = graph.pi_plan
-        if plan is None or graph.borrowed or plan.uncovered_indices or graph.mutated_indices:
+        if plan is None or not graph.placeholders or plan.uncovered_indices or graph.mutated_indices:
             return
         graph.forget_placeholders()
 

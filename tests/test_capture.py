@@ -10,7 +10,13 @@ import pytest
 import torch
 from fakes import CountingReplay
 
-from grace.capture import CapturedGraph, borrow_blocker, placeholders_for, poison_placeholders
+from grace.capture import (
+    CapturedGraph,
+    borrow_blocker,
+    own_placeholder_inputs,
+    placeholders_for,
+    poison_placeholders,
+)
 from grace.pi_contract import PlanDefaults
 
 
@@ -69,13 +75,19 @@ def test_poison_zeroes_every_placeholder() -> None:
 # --- graphs captured on the caller's inputs (option pi_direct) ----------------------------------------
 
 
-def test_borrowing_needs_one_storage_per_input_and_cuda_tensors() -> None:
+def test_borrowing_needs_cuda_tensors_and_reads_one_input_per_storage_in_place() -> None:
+    assert borrow_blocker([torch.zeros(2), 3], (0, 1)) == "input 1 is not a tensor"
+    assert borrow_blocker([torch.zeros(2), torch.zeros(2)], (0, 1)) == "input 0 is not a CUDA tensor"
     base = torch.zeros(8)
-    assert borrow_blocker([base[:4], base[4:]], (0, 1), ()) == "inputs 0 and 1 share a storage"
+    other = torch.zeros(3)
+    assert own_placeholder_inputs([base[:4], other, base[4:], base], (0, 1, 2, 3), ()) == {
+        2: "inputs 0 and 2 share a storage",
+        3: "inputs 0 and 3 share a storage",
+    }
     weight = torch.zeros(4)
-    assert borrow_blocker([weight, weight[:2]], (1,), (0,)) == "input 1 shares a storage with static input 0"
-    assert borrow_blocker([torch.zeros(2), 3], (0, 1), ()) == "input 1 is not a tensor"
-    assert borrow_blocker([torch.zeros(2), torch.zeros(2)], (0, 1), ()) == "input 0 is not a CUDA tensor"
+    assert own_placeholder_inputs([weight, weight[:2], other], (1, 2), (0,)) == {
+        1: "input 1 shares a storage with static input 0"
+    }
 
 
 class _CopyingPlan(PlanDefaults):
@@ -184,3 +196,37 @@ def test_clone_outputs_copies_the_pools_outputs_and_returns_views_of_inputs_as_v
     graph.pool_positions = None  # not given: every output on the device but the views of inputs
     out = graph.collect_outputs([x, weight], clone=True)
     assert out[1].data_ptr() == x.data_ptr() + 2 * x.element_size() and out[2] is not weight
+
+
+def test_a_graph_borrowing_some_inputs_keeps_placeholders_for_the_rest_only() -> None:
+    """Two inputs viewing one tensor: the first is read in place, the second from a placeholder of the
+    graph's own; a call that needs copies gives placeholders to the borrowed input only, and the plan
+    is pointed at those alone; a graph PI serves wholly drops every placeholder and keeps layouts."""
+    shared = torch.zeros(6)
+    own = torch.zeros(3)  # the placeholder of input 1 (it views input 0's storage)
+    capture_args = [shared[:3], own]
+    plan = _CopyingPlan(copy_from=2)
+    graph = fakes.captured_graph(
+        CountingReplay(),
+        placeholders=dict(enumerate(capture_args)),
+        outputs=[torch.zeros(3)],
+        output_container="single",
+        static_ptrs=[None, None],
+        pi_plan=plan,
+        borrowed=True,
+        own_indices=frozenset({1}),
+        count_outputs=False,
+    )
+    assert graph.borrowed and set(graph.placeholders) == {1} and graph.placeholders[1] is own
+    first = [torch.ones(6)[:3], torch.ones(6)[3:]]
+    graph.run_with_pi(first, clone=False)
+    assert plan.rebased == [] and set(graph.placeholders) == {1}
+    later = [torch.full((6,), 2.0)[:3], torch.full((6,), 5.0)[3:]]
+    graph.run_with_pi(later, clone=False)
+    (rebased,) = plan.rebased
+    assert set(rebased) == {0} and rebased[0] == graph.placeholders[0].data_ptr()  # the new one alone
+    assert graph.placeholders[1] is own and not graph.borrowed
+    torch.testing.assert_close(own, later[1])  # input 1 (uncovered) copied into its own placeholder
+    assert not shared.any()  # never into the capturing inputs
+    graph.forget_placeholders()
+    assert graph.placeholders == {} and graph.borrowed and set(graph.bindings.layouts) == {0, 1}

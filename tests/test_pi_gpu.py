@@ -187,10 +187,11 @@ def test_fill_node_serves_the_table_and_never_changes_a_queued_launch() -> None:
 
 
 def test_a_pi_graph_of_inputs_sharing_a_storage_keeps_no_placeholders() -> None:
-    """Note: [Placeholders PI serves]: two views of one storage cannot be borrowed (the direct PI graph
-    is declined), so PI is captured on the copies graph's placeholders; bound, it lets them go (the
-    memory held past the call is the graph's output alone), follows new storages through its table,
-    and a misaligned view (a call PI cannot serve) gets new placeholders, right as eager."""
+    """Note: [A PI graph alone] and [Placeholders PI serves]: of two views of one storage the direct PI
+    graph reads the first in place and the second from a placeholder of its own (PI tells uses apart
+    by storage); bound, it lets that go (the memory held past the call is the graph's output alone),
+    follows new storages through its table, and a misaligned view (a call PI cannot serve) gets new
+    placeholders, right as eager."""
     import torch
 
     import grace
@@ -221,7 +222,7 @@ def test_a_pi_graph_of_inputs_sharing_a_storage_keeps_no_placeholders() -> None:
         held_after.append(torch.cuda.memory_allocated() - baseline - a.untyped_storage().nbytes())
         del a, b
     record = _uses_pi(_records())
-    assert any(r["code"] == "pi_direct_declined" for r in record["skip_reasons"]), record["skip_reasons"]
+    assert not any(r["code"] == "pi_direct_declined" for r in record["skip_reasons"]), record["skip_reasons"]
     view_bytes = 4 * n
     # the third call is the first steady one: only the graph's output (one view's size) stays
     assert held_after[2] <= view_bytes + (1 << 20), held_after
