@@ -9,6 +9,8 @@
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
 #   probe       scripts/gpu/probe.py $GRACE_PROBE_ARGS (peak memory per call and mode, host time per call)
 #   trainmem    scripts/gpu/train_memory.py $GRACE_TRAINMEM_ARGS (a training step's memory, phase by phase)
+#   profhang    scripts/gpu/profile_hang.py $GRACE_PROFHANG_ARGS (a training step under the profiler, each
+#               case in its own process with a time limit: which settings hang)
 #   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
 #   timeline    scripts/gpu/call_timeline.py $GRACE_TIMELINE_ARGS (a synchronised call's device timeline)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
@@ -72,6 +74,10 @@ for spec in "${STEPS[@]}"; do
       # shellcheck disable=SC2086  # GRACE_TRAINMEM_ARGS holds several words on purpose
       timeout -s INT -k 20 "$limit" python scripts/gpu/train_memory.py --out "$OUT/trainmem" \
         --deadline-s "$((limit - 40))" ${GRACE_TRAINMEM_ARGS:-} ;;
+    profhang)
+      # shellcheck disable=SC2086  # GRACE_PROFHANG_ARGS holds several words on purpose
+      timeout -s INT -k 20 "$limit" python scripts/gpu/profile_hang.py --out "$OUT/profhang" \
+        ${GRACE_PROFHANG_ARGS:-} ;;
     layers)
       timeout -s INT -k 20 "$limit" python scripts/gpu/host_layers.py --out "$OUT/layers" ;;
     timeline)
