@@ -109,7 +109,9 @@ class _CopyingPlan(PlanDefaults):
         self.rebased.append(addresses)
 
 
-def _borrowed_graph(plan: Any, capture_args: list[torch.Tensor]) -> CapturedGraph:
+def _borrowed_graph(
+    plan: Any, capture_args: list[torch.Tensor], own_indices: frozenset[int] = frozenset()
+) -> CapturedGraph:
     return fakes.captured_graph(
         CountingReplay(),
         placeholders=dict(enumerate(capture_args)),
@@ -118,6 +120,7 @@ def _borrowed_graph(plan: Any, capture_args: list[torch.Tensor]) -> CapturedGrap
         static_ptrs=[None, None],
         pi_plan=plan,
         borrowed=True,
+        own_indices=own_indices,
         count_outputs=False,
     )
 
@@ -206,17 +209,7 @@ def test_a_graph_borrowing_some_inputs_keeps_placeholders_for_the_rest_only() ->
     own = torch.zeros(3)  # the placeholder of input 1 (it views input 0's storage)
     capture_args = [shared[:3], own]
     plan = _CopyingPlan(copy_from=2)
-    graph = fakes.captured_graph(
-        CountingReplay(),
-        placeholders=dict(enumerate(capture_args)),
-        outputs=[torch.zeros(3)],
-        output_container="single",
-        static_ptrs=[None, None],
-        pi_plan=plan,
-        borrowed=True,
-        own_indices=frozenset({1}),
-        count_outputs=False,
-    )
+    graph = _borrowed_graph(plan, capture_args, own_indices=frozenset({1}))
     assert graph.borrowed and set(graph.placeholders) == {1} and graph.placeholders[1] is own
     first = [torch.ones(6)[:3], torch.ones(6)[3:]]
     graph.run_with_pi(first, clone=False)
