@@ -265,7 +265,7 @@ def capture_graph(
         static_ptrs=static_pointers(args, static_indices),
         copy_bytes=sum(dense_view(args[i]).nbytes for i in copy_indices),
         borrowed=borrow_inputs,
-        own_indices=own if borrow_inputs else frozenset(),
+        own_indices=own,
         pristine=pristine,
         static_spans=storage_spans(args, static_indices),
         capture_spans={i: StorageSpan.of(p) for i, p in placeholders.items()},
@@ -280,12 +280,11 @@ def _capture_placeholders(
     shared: Mapping[int, torch.Tensor] | None,
     borrow_inputs: bool,
 ) -> tuple[dict[int, torch.Tensor], frozenset[int]]:
-    """What the capture reads for each dynamic input, and which of them are the graph's own: the inputs
-    themselves (``borrow_inputs``; fresh placeholders where ``own_placeholder_inputs`` names one),
-    ``shared`` placeholders or fresh ones."""
+    """What the capture reads for each dynamic input: the inputs themselves (``borrow_inputs``; fresh
+    placeholders where ``own_placeholder_inputs`` names one, returned as the second item), ``shared``
+    placeholders or fresh ones."""
     if not borrow_inputs:
-        placeholders = placeholders_for(args, dynamic_indices, shared)
-        return placeholders, frozenset(placeholders)
+        return placeholders_for(args, dynamic_indices, shared), frozenset()
     blocker = borrow_blocker(args, dynamic_indices)
     if blocker:
         raise CaptureError(SkipReason(SkipCode.PI_DIRECT_DECLINED, blocker))

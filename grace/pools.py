@@ -10,11 +10,12 @@ Design: ``CapturedGraph.release`` first drops every tensor of its own (outputs, 
 passes weak references to its outputs' storages and the pool's release (reset the torch graph, destroy
 the pristine copy) to ``release_when_unheld``. With nothing of the outputs alive any more (every
 storage's use count is zero: no tensor, view or alias of them, and no Python storage object, is left),
-the pool is released at once; otherwise it waits here. A released pool's segments go back to the device
-at once (``hand_back_cached_segments``): resetting a graph only marks its pool freeable, and until the
-allocator's cache is emptied the pool would stay reserved beside every later graph's. ``release_unheld``
-releases the waiting pools whose outputs have all been dropped since; the runner calls it at the start
-of every call (one check of an empty list when nothing waits) and ``grace.reset()`` calls it after
+the pool is released at once; otherwise it waits here. ``release_unheld`` releases the waiting pools
+whose outputs have all been dropped since, then hands the segments of every pool released since it last
+ran back to the device, with one ``hand_back_cached_segments`` however many there were: resetting a
+graph only marks its pool freeable, and until the allocator's cache is emptied the pool would stay
+reserved beside every later graph's. The runner calls it at the start of every call (two checks when
+nothing waits and nothing was released) and ``grace.reset()`` and eviction of callables after
 releasing.
 
 Invariants:
@@ -48,16 +49,18 @@ class _WaitingPool:
 
 _waiting: list[_WaitingPool] = []
 _lock = threading.Lock()
+_hand_back_due = False  # a pool was released since the allocator's cache was last emptied
 
 
 def release_when_unheld(storages: Sequence[Any], release: Callable[[], None]) -> bool:
     """Run ``release`` now when no storage in ``storages`` (weak references) is alive, else once the
     last of them has been dropped (``release_unheld``). True when released now."""
+    global _hand_back_due
     entry = _WaitingPool(tuple(storages), release)
     if not entry.held():
         with torch_compat.capture_lock:  # never while another thread captures (grace.capture)
             release()
-            torch_compat.hand_back_cached_segments()
+        _hand_back_due = True
         return True
     with _lock:
         _waiting.append(entry)
@@ -65,20 +68,23 @@ def release_when_unheld(storages: Sequence[Any], release: Callable[[], None]) ->
 
 
 def release_unheld() -> int:
-    """Release every waiting pool whose outputs are no longer held; returns how many."""
-    if not _waiting:
+    """Release every waiting pool whose outputs are no longer held, then hand the segments of every
+    pool released since the last time back to the device, once; returns how many pools it released."""
+    global _hand_back_due
+    if not _waiting and not _hand_back_due:
         return 0
     with _lock:
         done: list[_WaitingPool] = []
         still: list[_WaitingPool] = []
         for entry in _waiting:
             (still if entry.held() else done).append(entry)
-        if not done:
-            return 0
         _waiting[:] = still
+    if not done and not _hand_back_due:
+        return 0
     with torch_compat.capture_lock:
         for entry in done:
             entry.release()
+        _hand_back_due = False
         torch_compat.hand_back_cached_segments()
     return len(done)
 

@@ -408,3 +408,22 @@ def test_a_threads_first_call_makes_the_primary_context_current_once(monkeypatch
     worker.start()
     worker.join()
     assert calls == ["get"]
+
+
+def test_pools_released_together_are_handed_back_to_the_device_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """grace.pools: the allocator's cache is emptied once after any number of releases, at the next
+    ``release_unheld`` (the start of a call), not once per released pool, and not again after that."""
+    from grace.compat import torch as torch_compat
+
+    hand_backs: list[int] = []
+    monkeypatch.setattr(torch_compat, "hand_back_cached_segments", lambda: hand_backs.append(1))
+    pools.release_unheld()  # whatever earlier tests left due
+    hand_backs.clear()
+    released: list[str] = []
+    for name in ("g0", "g1", "g2"):
+        assert pools.release_when_unheld([], lambda name=name: released.append(name))
+    assert released == ["g0", "g1", "g2"] and hand_backs == []
+    pools.release_unheld()
+    assert hand_backs == [1]
+    pools.release_unheld()
+    assert hand_backs == [1]
