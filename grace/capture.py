@@ -139,6 +139,7 @@ class CaptureContext:
         device: the CUDA device of the graph.
         example_inputs: the real inputs of the capturing call (for alignment and view checks).
         pi_table_update: option ``pi_table_update`` (how PI writes its pointer table per replay).
+        pi_vendor_update: option ``pi_vendor_update`` (how vendor nodes get moved addresses).
         placeholder_spans: where the graph reads each dynamic input when that is not ``placeholders``
             (a graph rebound by grace.rebind reads its origin's capture addresses); None: placeholders.
     """
@@ -151,6 +152,7 @@ class CaptureContext:
     device: torch.device
     example_inputs: tuple[Any, ...] = ()
     pi_table_update: str = "node"
+    pi_vendor_update: str = "host"
     placeholder_spans: Mapping[int, StorageSpan] | None = None
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 CACHE_DIR_ENV = "GRACE_CACHE_DIR"
 PI_TABLE_UPDATES = ("copy", "node")  # values of GraceOptions.pi_table_update
+PI_VENDOR_UPDATES = ("host", "device")  # values of GraceOptions.pi_vendor_update
 
 
 class GraceOptionsError(ValueError):
@@ -41,6 +42,12 @@ class GraceOptions:
             travels with the launch (``grace.pi.fill``). Where ``"node"`` cannot be used (too many
             slots, no NVRTC, a torch without an executable graph handle) the copy serves the table and
             the PI stage ``table`` says why. Default ``"node"``, the faster of the two (docs/design/pi.md).
+        pi_vendor_update: how vendor kernels (cuBLAS) that read a dynamic input get this call's
+            addresses: ``"host"``, their arguments are updated in the executable graph from the host when
+            an address changes (grace.pi.vendor_host); ``"device"``, the nodes are marked device-updatable
+            and a prelude kernel rewrites them on every replay (grace.pi.vendor). Default ``"host"``: a
+            graph with such a prelude once never finished a replay under ``torch.profiler`` with CUDA
+            activities (docs/design/pi.md).
         pi_direct: capture the PI graph on the caller's own inputs, with no placeholders, and do not
             capture the graph-with-copies variant when that graph's PI serves every dynamic input: the
             decision then holds no copy of the inputs (placeholders are allocated only if a later call
@@ -114,6 +121,7 @@ class GraceOptions:
     cgct: bool = True
     pi: bool = True
     pi_table_update: str = "node"
+    pi_vendor_update: str = "host"
     pi_direct: bool = True
     scg: bool = True
     scg_samples: int = 15
@@ -168,6 +176,11 @@ class GraceOptions:
             raise GraceOptionsError(
                 f"GraceOptions.pi_table_update must be one of {list(PI_TABLE_UPDATES)}, "
                 f"got {self.pi_table_update!r}"
+            )
+        if self.pi_vendor_update not in PI_VENDOR_UPDATES:
+            raise GraceOptionsError(
+                f"GraceOptions.pi_vendor_update must be one of {list(PI_VENDOR_UPDATES)}, "
+                f"got {self.pi_vendor_update!r}"
             )
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise GraceOptionsError(f"GraceOptions.cache_dir must be a path or None, got {self.cache_dir!r}")

@@ -86,6 +86,9 @@ class PIContext(Protocol):
     def pi_table_update(self) -> str: ...
 
     @property
+    def pi_vendor_update(self) -> str: ...
+
+    @property
     def placeholder_spans(self) -> Mapping[int, Any] | None: ...
 
 

@@ -327,6 +327,7 @@ def pi_hook(
             device=device,
             example_inputs=tuple(args),
             pi_table_update=facts.options.pi_table_update,
+            pi_vendor_update=facts.options.pi_vendor_update,
             placeholder_spans=spans,
         )
         try:

@@ -125,7 +125,10 @@ def test_in_place_mutation_of_an_input() -> None:
         torch.testing.assert_close(x, x_eager)
 
 
-def test_bf16_matmul_uses_the_vendor_path() -> None:
+@pytest.mark.parametrize("vendor_update", ["host", "device"])
+def test_bf16_matmul_uses_the_vendor_path(vendor_update: str) -> None:
+    """cuBLAS reads both inputs inside its argument block: updated in the executable graph from the host
+    (the default) or by the device prelude; every call at new addresses matches eager."""
     import torch
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -141,13 +144,15 @@ def test_bf16_matmul_uses_the_vendor_path() -> None:
 
     torch._dynamo.reset()
     grace.reset()
-    compiled = _compile(fn)
+    compiled = _compile(fn, pi_vendor_update=vendor_update)
     for seed in range(4):
         a, b = inputs(seed)
         torch.testing.assert_close(compiled(a, b), fn(a, b), rtol=2e-2, atol=2e-2)
     record = _uses_pi(_records())
     stages = {(s, st) for s, st, _ in record["pi_stages"]}
     assert ("vendor_match", "pass") in stages and ("vendor_update", "pass") in stages, record["pi_stages"]
+    (message,) = [m for s, _, m in record["pi_stages"] if s == "vendor_update"]
+    assert message.startswith("host updates" if vendor_update == "host" else "prelude applies"), message
 
 
 def test_fill_node_serves_the_table_and_never_changes_a_queued_launch() -> None:

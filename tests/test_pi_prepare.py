@@ -6,6 +6,7 @@ stage log and the copy path of the table are the real ones.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class Context:
     output_codes: tuple[Any, ...] = ()
     device: torch.device = DEVICE
     pi_table_update: str = "copy"
+    pi_vendor_update: str = "device"
     placeholder_spans: Any = None
 
 
@@ -191,3 +193,56 @@ def test_without_bindings_prepare_says_so(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(cuda_compat, "driver", lambda: None)
     result = stages.prepare(_context())
     assert isinstance(result, SkipReason) and result.code is SkipCode.CUDA_BINDINGS_MISSING
+
+
+def _at(address: int) -> Any:
+    """A stand-in CUDA tensor at ``address``."""
+    return SimpleNamespace(data_ptr=lambda: address, is_cuda=True)
+
+
+def _host_plan(monkeypatch: pytest.MonkeyPatch) -> tuple[PiPlan, list[tuple[int, int]]]:
+    """A plan prepared under ``pi_vendor_update="host"``, bound to a fake executable graph; the list
+    receives (node, address the node's copy holds) at each update sent."""
+    from dataclasses import replace
+
+    sent: list[tuple[int, int]] = []
+
+    def params_with(node: int, kernel_params: int, extra: int) -> Any:
+        return SimpleNamespace(node=node, kernel_params=kernel_params)
+
+    def setter(graph_exec: int, node: int, params: Any) -> Any:
+        def send() -> None:
+            slot = ctypes.c_void_p.from_address(params.kernel_params).value
+            sent.append((node, struct.unpack("<Q", ctypes.string_at(slot, 8))[0]))
+
+        return send
+
+    monkeypatch.setattr(cuda_compat, "kernel_node_params_with_arguments", params_with)
+    monkeypatch.setattr(cuda_compat, "exec_kernel_node_setter", setter)
+    result = stages.prepare(replace(_context(), pi_vendor_update="host"))
+    assert isinstance(result, PiPlan), result
+    result.prepare_launch(0x77, 0)
+    return result, sent
+
+
+def test_host_vendor_updates_send_a_vendor_node_only_when_its_address_changes(
+    patched: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan, sent = _host_plan(monkeypatch)
+    by_stage = {s: (st, m) for s, st, m in plan.stages}
+    status, message = by_stage["vendor_update"]
+    assert status == "pass" and "host updates of 1 addresses" in message
+    assert patched["vendor"] == []  # no prelude, no device-updatable node
+    assert plan.vendor_setups == [] and plan.health() is None
+    moved0, moved1 = 0x50000, 0x60000
+    args = [_at(moved0), _at(moved1)]
+    assert plan.update(args)
+    assert sent == [(VENDOR_NODE, moved1)]  # the vendor node reads input 1 without an offset
+    assert plan.update(args)
+    assert sent == [(VENDOR_NODE, moved1)]  # same addresses: nothing sent
+    args[0] = _at(moved0 + 4096)
+    assert plan.update(args)
+    assert sent == [(VENDOR_NODE, moved1)]  # only the Triton node's input moved
+    args[1] = _at(INPUT1)
+    assert plan.update(args)
+    assert sent == [(VENDOR_NODE, moved1), (VENDOR_NODE, INPUT1)]

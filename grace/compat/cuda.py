@@ -305,6 +305,17 @@ def with_kernel_params(params: Any, kernel_params: int) -> Any:
     return params
 
 
+def kernel_node_params_with_arguments(node: int, kernel_params: int, extra: int) -> Any:
+    """``node``'s ``CUDA_KERNEL_NODE_PARAMS`` passing the arguments of the ``void*[]`` array at
+    ``kernel_params``, or (``kernel_params`` 0) of the ``extra`` array at ``extra``; the caller keeps both
+    alive while the object is used."""
+    drv = require_driver()
+    params = check("cuGraphKernelNodeGetParams", drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(node)))
+    params.kernelParams = int(kernel_params)
+    params.extra = int(extra) if not kernel_params else 0
+    return params
+
+
 def exec_kernel_node_setter(graph_exec: int, node: int, params: Any) -> Callable[[], None]:
     """A function that sends ``params`` (from ``kernel_node_params_reading``) to ``node`` of
     ``graph_exec`` (``cuGraphExecKernelNodeSetParams``); it raises ``CudaDriverError`` on failure.

@@ -166,7 +166,7 @@ class PiPlan:
             try:
                 prepare_table(graph_exec, stream)
             except Exception as exc:
-                message = f"node: binding the fill node's update: {type(exc).__name__}: {exc}"
+                message = f"binding the table's update to the executable graph: {type(exc).__name__}: {exc}"
                 self._stages.add(PIStage.TABLE, StageStatus.FAIL, message)
                 raise
         if not self.vendor_setups:

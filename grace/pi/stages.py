@@ -1,9 +1,9 @@
 """``prepare(ctx)``: turn a captured graph into one that reads its dynamic inputs through a pointer table.
 
 Problem: between capture and instantiation (Note: [PI seam] in grace.capture) PI must find every use
-of every dynamic input, redirect the ones it can (Triton kernels rewritten, vendor kernels updated on
-the device) and leave the others reading their placeholders, which the runner keeps copying into. An
-input is served by PI only when all of its uses are redirected.
+of every dynamic input, redirect the ones it can (Triton kernels rewritten, vendor kernels updated from
+the host or on the device) and leave the others reading their placeholders, which the runner keeps
+copying into. An input is served by PI only when all of its uses are redirected.
 
 Design: one function per stage, in the order of ``grace.pi_contract.PIStage``, each recording its
 outcome in the ``StageLog`` and adding the inputs it could not serve to ``Preparation.uncovered``:
@@ -11,9 +11,10 @@ scan the graph (grace.pi.scan); ``locate`` the Triton kernels and split the uses
 vendor uses; ``build`` the rewritten kernels (rewrite, assemble, load: grace.pi.triton);
 ``vendor_match`` checks the vendor uses can be prepared; every redirected (input, view offset) pair
 gets one slot (``SlotAllocator``); ``patch`` points Triton nodes at the rewritten functions and the
-slots; ``vendor_update`` installs the vendor prelude (grace.pi.vendor); ``table`` chooses the table's
-writer (a host-to-device copy, grace.pi.table, or a fill node, grace.pi.fill). The result is a
-``grace.pi.plan.PiPlan``.
+slots; ``vendor_host`` gives each vendor node an argument copy the table's writes update in the executable
+graph (grace.pi.vendor_host; option ``pi_vendor_update="host"``), or ``vendor_update`` installs the
+device prelude (grace.pi.vendor; ``"device"``); ``table`` chooses the table's writer (a host-to-device
+copy, grace.pi.table, or a fill node, grace.pi.fill). The result is a ``grace.pi.plan.PiPlan``.
 
 Invariants:
 - Inputs with a use that could not be redirected are ``uncovered``: their slots hold the placeholder's
@@ -28,7 +29,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,6 +285,34 @@ def vendor_update(
     return setup
 
 
+def vendor_host(
+    prep: Preparation, knodes: Sequence[Any], vendor_uses: list[Use], vendor_slots: list[tuple[int, int, int]]
+) -> list[Any]:
+    """Stage ``vendor_update`` under ``pi_vendor_update="host"``: a private argument copy per vendor node,
+    updated in the executable graph when an address changes (grace.pi.vendor_host)."""
+    from grace.pi.vendor_host import HostPatch, NodeArguments
+
+    by_node = {k.node: k for k in knodes}
+    patches: dict[int, list[HostPatch]] = defaultdict(list)
+    for use, (node, offset, slot) in zip(vendor_uses, vendor_slots, strict=True):
+        k = by_node[node]
+        start = k.params[use.param_index].offset if use.param_index is not None and k.params else 0
+        patches[node].append(HostPatch(use.param_index, start, offset, slot))
+    nodes = []
+    try:
+        for node, node_patches in patches.items():
+            k = by_node[node]
+            params = None if k.extra is not None else [p.raw for p in k.params]
+            nodes.append(NodeArguments(node, params, k.extra, node_patches))
+    except ValueError as exc:
+        prep.uncover(vendor_uses, f"vendor path (host updates): {exc}")
+        prep.stages.add(PIStage.VENDOR_UPDATE, FAIL, str(exc))
+        return []
+    message = f"host updates of {len(vendor_slots)} addresses in {len(nodes)} nodes, when they change"
+    prep.stages.add(PIStage.VENDOR_UPDATE, PASS, message)
+    return nodes
+
+
 def table_writer(prep: Preparation, table: Any, slots: list[Slot], placeholder_ptrs: dict[int, int]) -> Any:
     """Stage ``table``: the copy table itself, or a fill node ahead of every root (vendor prelude too).
     Raises ``grace.pi.fill.FillUnsafe`` when a fill node could not be taken out of the graph again."""
@@ -336,9 +365,13 @@ def prepare(ctx: PIContext) -> PiPlan | SkipReason:
     table = PointerTable(len(allocator.index), prep.device)
     keep: list[Any] = [table]
     patch(prep, located, built, params_of, table)
-    setup = vendor_update(prep, vendor_uses, vendor_slots, table)
-    if setup is not None:
-        keep.append(setup)
+    host_nodes: list[Any] = []
+    if prep.ctx.pi_vendor_update == "host" and vendor_slots:
+        host_nodes = vendor_host(prep, scanned[0], vendor_uses, vendor_slots)
+    else:
+        setup = vendor_update(prep, vendor_uses, vendor_slots, table)
+        if setup is not None:
+            keep.append(setup)
     if set(prep.placeholders) <= set(prep.uncovered):
         return SkipReason(SkipCode.PI_FAILED, f"no dynamic input can be served by PI: {prep.detail()}")
     slots = allocator.slots()
@@ -347,6 +380,10 @@ def prepare(ctx: PIContext) -> PiPlan | SkipReason:
         served = table_writer(prep, table, slots, placeholder_ptrs)
     except fill.FillUnsafe as exc:
         return SkipReason(SkipCode.PI_FAILED, f"pointer table fill node: {exc}")
+    if host_nodes:
+        from grace.pi.vendor_host import HostVendorTable
+
+        served = HostVendorTable(served, host_nodes)
     plan = PiPlan(
         served, slots, placeholder_ptrs, tuple(prep.placeholders), prep.uncovered, prep.stages, keep
     )
