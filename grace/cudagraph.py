@@ -177,6 +177,21 @@ class ArgumentEdit:
     value: bytes
 
 
+def extra_arguments(data: bytes) -> tuple[int, list[Any]]:
+    """A ``cuLaunchKernel`` ``extra`` array over a copy of the argument buffer ``data``: its address and
+    the objects that must stay alive while the driver may read it (the first is the buffer's copy)."""
+    copy = ctypes.create_string_buffer(data, len(data))
+    size = ctypes.c_size_t(len(data))
+    array = (ctypes.c_void_p * 5)(
+        cuda_compat.LAUNCH_PARAM_BUFFER_POINTER,
+        ctypes.addressof(copy),
+        cuda_compat.LAUNCH_PARAM_BUFFER_SIZE,
+        ctypes.addressof(size),
+        cuda_compat.LAUNCH_PARAM_END,
+    )
+    return ctypes.addressof(array), [copy, size, array]
+
+
 def edit_kernel_node_arguments(node: int, edits: Sequence[ArgumentEdit]) -> None:
     """Overwrite bytes of a kernel node's arguments; function, grid, block and shared memory stay.
 
@@ -211,16 +226,6 @@ def edit_kernel_node_arguments(node: int, edits: Sequence[ArgumentEdit]) -> None
                     f"edit at byte {edit.byte_offset} is outside the {len(data)}-byte argument buffer"
                 )
             data[edit.byte_offset : end] = edit.value
-        copy = ctypes.create_string_buffer(bytes(data), len(data))
-        size = ctypes.c_size_t(len(data))
-        extra_array = (ctypes.c_void_p * 5)(
-            cuda_compat.LAUNCH_PARAM_BUFFER_POINTER,
-            ctypes.addressof(copy),
-            cuda_compat.LAUNCH_PARAM_BUFFER_SIZE,
-            ctypes.addressof(size),
-            cuda_compat.LAUNCH_PARAM_END,
-        )
-        keep += [copy, size, extra_array]
-        params.extra = ctypes.addressof(extra_array)
+        params.extra, keep = extra_arguments(bytes(data))
     cuda_compat.check("cuGraphKernelNodeSetParams", drv.cuGraphKernelNodeSetParams(handle, params))
     del keep  # the driver has copied the arguments

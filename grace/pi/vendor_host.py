@@ -84,19 +84,11 @@ class NodeArguments:
         self._send: Callable[[], None] | None = None
 
     def _extra_array(self, data: bytes) -> int:
-        from grace.compat import cuda as cuda_compat
+        from grace.cudagraph import extra_arguments
 
-        copy = ctypes.create_string_buffer(data, len(data))
-        size = ctypes.c_size_t(len(data))
-        array = (ctypes.c_void_p * 5)(
-            cuda_compat.LAUNCH_PARAM_BUFFER_POINTER,
-            ctypes.addressof(copy),
-            cuda_compat.LAUNCH_PARAM_BUFFER_SIZE,
-            ctypes.addressof(size),
-            cuda_compat.LAUNCH_PARAM_END,
-        )
-        self._keep += [copy, size, array]
-        return ctypes.addressof(array)
+        address, keep = extra_arguments(data)
+        self._keep += keep
+        return address
 
     @staticmethod
     def _read(site: int) -> int:
