@@ -91,3 +91,22 @@ def test_only_seed_outputs_may_change_device() -> None:
     problem = devices_differ(replay, plain)
     assert problem is not None and "output 2" in problem
     assert devices_differ(replay[:2], plain) is not None
+
+
+def test_a_backward_that_reads_its_seeds_on_the_device_gets_no_host_copies() -> None:
+    """cuDNN attention's backward rejects host seeds ("philox_seed is on cpu", DistilGPT2 training
+    with AMP on the H200): its seed arguments are no seed inputs; efficient attention's are."""
+    graph = torch.fx.Graph()
+    names = ["grad", "q", "k", "v", "out", "lse", "seed", "offset", "bias", "cum_q", "cum_k"]
+    nodes = [graph.placeholder(n) for n in names]
+    cudnn = aten._scaled_dot_product_cudnn_attention_backward.default
+    result = graph.call_function(cudnn, (*nodes, 64, 64, 0.1, False))
+    graph.output(result)
+    assert philox.seed_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == ()
+    graph = torch.fx.Graph()
+    nodes = [graph.placeholder(n) for n in names[:8]]
+    efficient = aten._scaled_dot_product_efficient_attention_backward.default
+    grad, q, k, v, out, lse, seed, offset = nodes
+    args = (grad, q, k, v, None, out, lse, seed, offset, 0.3, [True, True, True, False])
+    graph.output(graph.call_function(efficient, args))
+    assert philox.seed_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == (6, 7)
