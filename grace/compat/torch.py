@@ -278,7 +278,10 @@ def compile_with_inductor(
 
     ``on_graph``: called with each graph the inner compile makes (AOTAutograd's cache, which would skip
     the inner compile, is off then, as it is when PI needs the inner outputs, and so are donated
-    buffers: a backward that writes its saved tensors' memory could not be run a second time)."""
+    buffers: a backward that writes its saved tensors' memory could not be run a second time). Inductor's
+    FX graph cache is off with them: its key leaves out which inputs were donated (torch 2.11, 2.13), so
+    a backward another compile cached with donated buffers (mode inductor, say) would come back writing
+    its saved tensors, which grace counts as unwritten."""
     from torch._inductor.compile_fx import compile_fx
 
     # AOTAutograd's cache can skip the inner compile on a hit, and PI and ``on_graph`` need its output;
@@ -291,9 +294,21 @@ def compile_with_inductor(
             gm,
             list(example_inputs),
             inner_compile=_make_inner_compile(record, on_graph),
-            config_patches={"triton.cudagraphs": False},
+            config_patches=inductor_patches(donation_off=on_graph is not None),
         )
     return compiled
+
+
+def inductor_patches(*, donation_off: bool) -> dict[str, Any]:
+    """Inductor config for grace's compiles: its CUDA graphs off and, where donated buffers are off, its
+    FX graph cache too (``compile_with_inductor``)."""
+    import torch._inductor.config as inductor_config
+
+    patches: dict[str, Any] = {"triton.cudagraphs": False}
+    if donation_off:
+        caches = ("fx_graph_cache", "fx_graph_remote_cache")
+        patches.update({name: False for name in caches if hasattr(inductor_config, name)})
+    return patches
 
 
 def inductor_module_globals(output_code: Any) -> dict[str, Any] | None:
