@@ -21,7 +21,7 @@ Design: the seeds are found by the schema names of the attention ops (``philox_s
   the captured backward reads the seeds each forward replay writes. Flash attention keeps its
   ``rng_state`` on the device in both modes (not 0-dimensional) and is passed unchanged; cuDNN
   attention's backward rejects host seeds, so its seed arguments are no seed inputs
-  (``grace.compat.torch.reads_seeds_on_device``).
+  (``grace.compat.generators.reads_seeds_on_device``).
 
 Invariant: a backward that receives host seeds (its forward ran without a graph) gets a slot of its own
 that runs without a graph (a dynamic input on another device: grace.runner), so a captured backward
@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from grace.compat import generators
 from grace.compat import torch as torch_compat
 
 SEED_NAMES = frozenset({"philox_seed", "philox_offset"})
@@ -73,7 +74,7 @@ def seed_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     found: set[int] = set()
     for node in gm.graph.nodes:
         schema = _schema(node)
-        if schema is None or torch_compat.reads_seeds_on_device(schema.name):
+        if schema is None or generators.reads_seeds_on_device(schema.name):
             continue  # no host copy for an op that reads its seeds on the device in any run
         for position, argument in enumerate(schema.arguments):
             if argument.name not in SEED_NAMES:

@@ -9,7 +9,9 @@ Design: ``save_generators`` reads the CPU generator's state and, for a CUDA devi
 generator (seed and Philox offset); ``restore_generators`` writes them back in place. A CUDA graph that
 draws random numbers reads the generator's seed and offset when it is replayed and advances the offset
 by what its capture consumed, so a replay after a restore draws what a no-graph run would have drawn and
-leaves the generator where that run leaves it.
+leaves the generator where that run leaves it. ``reads_seeds_on_device`` names the attention backwards
+that take their Philox seeds as device tensors in a plain run too (grace.philox copies the others' to
+the host outside a capture).
 
 Invariant: restoring never happens while a stream captures (torch refuses it there), and only the
 default generators are covered: a graph is given no other generator by Dynamo.
@@ -45,3 +47,14 @@ def restore_generators(states: GeneratorStates) -> None:
     torch.set_rng_state(states.cpu)
     if states.cuda is not None and states.device is not None:
         torch.cuda.set_rng_state(states.cuda, states.device)
+
+
+# Attention backwards that read their Philox seed and offset as device tensors in a plain run too (torch
+# 2.11: cuDNN's, which rejects host seeds); the others dereference 0-dimensional seeds on the host
+# outside a capture (grace.philox).
+_DEVICE_SEED_READERS = frozenset({"aten::_scaled_dot_product_cudnn_attention_backward"})
+
+
+def reads_seeds_on_device(op_name: str) -> bool:
+    """Whether the op named ``op_name`` (its schema name) takes its Philox seeds on the device always."""
+    return op_name in _DEVICE_SEED_READERS

@@ -144,17 +144,6 @@ def clear_cublas_workspaces() -> None:
             clear()
 
 
-# Attention backwards that read their Philox seed and offset as device tensors in a plain run too (torch
-# 2.11: cuDNN's, which rejects host seeds); the others dereference 0-dimensional seeds on the host
-# outside a capture (grace.philox).
-_DEVICE_SEED_READERS = frozenset({"aten::_scaled_dot_product_cudnn_attention_backward"})
-
-
-def reads_seeds_on_device(op_name: str) -> bool:
-    """Whether the op named ``op_name`` (its schema name) takes its Philox seeds on the device always."""
-    return op_name in _DEVICE_SEED_READERS
-
-
 def hand_back_cached_segments() -> None:
     """Return the caching allocator's unused segments to the device, released graphs' pools among them.
 
