@@ -172,16 +172,10 @@ class GraceOptions:
         margin = self.scg_margin
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise GraceOptionsError(f"GraceOptions.scg_margin must be a number in [0, 1), got {margin!r}")
-        if self.pi_table_update not in PI_TABLE_UPDATES:
-            raise GraceOptionsError(
-                f"GraceOptions.pi_table_update must be one of {list(PI_TABLE_UPDATES)}, "
-                f"got {self.pi_table_update!r}"
-            )
-        if self.pi_vendor_update not in PI_VENDOR_UPDATES:
-            raise GraceOptionsError(
-                f"GraceOptions.pi_vendor_update must be one of {list(PI_VENDOR_UPDATES)}, "
-                f"got {self.pi_vendor_update!r}"
-            )
+        for name, choices in (("pi_table_update", PI_TABLE_UPDATES), ("pi_vendor_update", PI_VENDOR_UPDATES)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise GraceOptionsError(f"GraceOptions.{name} must be one of {list(choices)}, got {value!r}")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise GraceOptionsError(f"GraceOptions.cache_dir must be a path or None, got {self.cache_dir!r}")
 

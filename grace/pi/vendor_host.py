@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grace.cudagraph import extra_arguments
+
 POINTER = struct.Struct("<Q")
 
 
@@ -70,8 +72,10 @@ class NodeArguments:
                     raise ValueError(f"node {node:#x}: a patch lies outside parameter {p.param_index}")
                 self._sites.append(ctypes.addressof(buffers[p.param_index]) + inner)
         elif extra is not None:
-            self.kernel_params, self.extra = 0, self._extra_array(extra)
-            base = ctypes.addressof(self._keep[0])
+            self.extra, keep = extra_arguments(extra)
+            self.kernel_params = 0
+            self._keep += keep
+            base = ctypes.addressof(keep[0])  # the buffer's copy
             for p in patches:
                 if p.byte_offset < 0 or p.byte_offset + POINTER.size > len(extra):
                     raise ValueError(
@@ -83,20 +87,9 @@ class NodeArguments:
         self._last: tuple[int, ...] = tuple(self._read(site) for site in self._sites)
         self._send: Callable[[], None] | None = None
 
-    def _extra_array(self, data: bytes) -> int:
-        from grace.cudagraph import extra_arguments
-
-        address, keep = extra_arguments(data)
-        self._keep += keep
-        return address
-
     @staticmethod
     def _read(site: int) -> int:
         return int(POINTER.unpack(ctypes.string_at(site, POINTER.size))[0])
-
-    @property
-    def bound(self) -> bool:
-        return self._send is not None
 
     def bind(self, send: Callable[[], None]) -> None:
         """The function that sends this copy to the node of the executable graph."""
@@ -128,6 +121,7 @@ class HostVendorTable:
         self.nodes = tuple(nodes)
         self.slots = inner.slots
         self.sends = 0  # node updates sent to the executable graph
+        self._bound = False  # prepare_launch has bound every node to the executable graph
         self._pending: Sequence[int] | None = None  # values written before prepare_launch
 
     @property
@@ -149,32 +143,19 @@ class HostVendorTable:
         for n in self.nodes:
             params = cuda_compat.kernel_node_params_with_arguments(n.node, n.kernel_params, n.extra)
             n.bind(cuda_compat.exec_kernel_node_setter(graph_exec, n.node, params))
+        self._bound = True
         pending, self._pending = self._pending, None
         if pending is not None:
             self._apply(pending)
 
     def write(self, values: Sequence[int]) -> bool:
         changed = bool(self.inner.write(values))
-        if changed or self._pending is not None:
-            if not all(n.bound for n in self.nodes):
-                self._pending = tuple(values)
-            else:
-                self._apply(values)
+        if changed and self._bound:
+            self._apply(values)
+        elif changed:
+            self._pending = tuple(values)
         return changed
 
     def _apply(self, values: Sequence[int]) -> None:
         for n in self.nodes:
             self.sends += n.apply(values)
-
-    def forget(self) -> None:
-        forget = getattr(self.inner, "forget", None)
-        if callable(forget):
-            forget()
-
-    @property
-    def copies(self) -> int:
-        return int(getattr(self.inner, "copies", 0))
-
-    @property
-    def skipped(self) -> int:
-        return int(getattr(self.inner, "skipped", 0))
