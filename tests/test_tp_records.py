@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from suites.records import CorrectnessStatus, PerformanceStatus, record_from_property
-from suites.tp.launch import NO_MULTICAST, PACKAGE_ROOT, LaunchOutcome, Redactor, TPLaunch, launch
+from suites.tp.launch import (
+    NO_MULTICAST,
+    PACKAGE_ROOT,
+    LaunchOutcome,
+    Redactor,
+    TPLaunch,
+    launch,
+    rank_failure,
+)
 from suites.tp.options import CPU_TP_SIZES, default_tp_sizes, parse_tp_sizes
 from suites.tp.recording import (
     TAG,
@@ -333,6 +341,44 @@ def test_results_written_before_a_non_zero_exit_are_kept_and_fail_the_test(tmp_p
     assert records.correctness[0].details["launch"]["exit_status"] == 3
 
 
+TORCHRUN_SUMMARY = """Traceback (most recent call last):
+  File "<env>/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+suites.tp.run FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 15441)  (SIGTERM)
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 15440)  (SIGABRT)
+  traceback : Signal 6 (SIGABRT) received by PID 15440
+======================================================="""
+
+
+def test_a_failed_rank_is_quoted_in_its_own_words_not_torchruns_traceback(tmp_path: Path) -> None:
+    script = f"import sys; print({TORCHRUN_SUMMARY!r}, file=sys.stderr); sys.exit(1)"
+    spec = Scripted(**vars(spec_for(tmp_path, workload="xlnet_tp")), script=script)
+    rank0 = spec.rank_logs / "job_x" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stderr.log").write_text("[tp rank 0] INFO suites.tp.run: ok\nterminate called after throwing\n")
+    write_results(run_result(device="cpu"), spec.out)
+    problem = launch(spec).problem or ""
+    assert problem.startswith(f"{spec.launcher} exited 1 after writing its results: rank 0 failed first")
+    assert "(exit code -6, SIGABRT); its last lines:" in problem and "terminate called" in problem
+    assert "ChildFailedError" not in problem
+    assert rank_failure("no summary here", spec.rank_logs) is None
+    (rank0 / "stderr.log").write_text("")
+    assert rank_failure(TORCHRUN_SUMMARY, spec.rank_logs) == (
+        "rank 0 failed first (exit code -6, SIGABRT); it printed nothing to stderr"
+    )
+
+
 def test_launcher_failure_records_name_the_reason_for_every_mode() -> None:
     ref = workload_ref("xlnet_tp", 4, "standard", "")
     records = launcher_failure_records(ref, ["inductor", "pt2cg"], "gloo is not available", {"launch_s": 0.0})
@@ -345,13 +391,16 @@ def test_the_command_and_environment_of_a_launch(tmp_path: Path) -> None:
     spec = spec_for(tmp_path, device="cuda", samples=30, timeout_s=600.0)
     command = spec.command()
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert command[3:8] == ["--standalone", "--nproc-per-node", "2", "-m", "suites.tp.run"]
+    assert command[3:6] == ["--standalone", "--nproc-per-node", "2"]
+    assert command[command.index("--log-dir") + 1] == str(spec.rank_logs) and "--tee" in command
+    assert command[command.index("-m", 3) + 1] == "suites.tp.run"
     assert command[command.index("--modes") + 1] == "eager,grace"
     assert command[command.index("--timeout-s") + 1] == "570"  # the group times out before the launch
     env = spec.environment({"NCCL_NVLS_ENABLE": "1", "PYTHONPATH": "elsewhere"})
     assert {k: env[k] for k in NO_MULTICAST} == NO_MULTICAST  # forced, whatever the caller set
     assert env["PYTHONPATH"] == os.pathsep.join([str(PACKAGE_ROOT), "elsewhere"])
     assert "OMP_NUM_THREADS" not in env
+    assert env["PYTHONFAULTHANDLER"] == "1"
     assert spec_for(tmp_path).environment({})["OMP_NUM_THREADS"] == "1"
 
 

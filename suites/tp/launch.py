@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +45,13 @@ LAUNCHER = "torch.distributed.run"
 ENTRY = "suites.tp.run"
 TAIL_LINES = 25
 TAIL_CHARS = 3000
+RANK_LOGS = "ranks"  # torchrun's --log-dir under the out folder: each rank's own stdout and stderr
+# torchrun's summary of the first rank that failed: its rank, exit code and, for a signal, the signal's name.
+ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\).*?"
+    r"exitcode\s*:\s*(?P<code>-?\d+)[^\n]*?(?:\((?P<signal>SIG[A-Z]+)\))?\s*$",
+    re.DOTALL | re.MULTILINE,
+)
 KILL_GRACE_S = 45.0  # torchrun gives its ranks 30 s to exit after a SIGTERM
 # Forced into every launched environment (see the module invariants and scripts/gpu/tp_check.sh).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -75,16 +83,28 @@ class TPLaunch:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", self.launcher, "--standalone", "--nproc-per-node", str(self.world_size),
-            "-m", self.entry, "--workload", self.workload, "--modes", ",".join(self.modes),
+            sys.executable, "-m", self.launcher, *self.launcher_arguments(), "-m", self.entry,
+            "--workload", self.workload, "--modes", ",".join(self.modes),
             "--device", self.device, "--tier", self.tier, "--samples", str(self.samples),
             "--timeout-s", f"{self.group_timeout_s:g}", "--out", str(self.out),
         ]  # fmt: skip
+
+    def launcher_arguments(self) -> list[str]:
+        """torchrun's own options: each rank's output teed into ``rank_logs`` (and still to the console)."""
+        return [
+            "--standalone", "--nproc-per-node", str(self.world_size),
+            "--log-dir", str(self.rank_logs), "--tee", "3",
+        ]  # fmt: skip
+
+    @property
+    def rank_logs(self) -> Path:
+        return self.out / RANK_LOGS
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank that aborts prints its threads' Python stacks
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed collective ends the run
         if self.device != "cuda":  # two ranks on a small CPU machine: one thread each
             env.setdefault("OMP_NUM_THREADS", "1")
@@ -170,6 +190,27 @@ def _printed(logs: tuple[Path, Path]) -> str:
     return tail(stdout, stderr)
 
 
+def rank_failure(printed: str, rank_logs: Path) -> str | None:
+    """The first failed rank in its own words: torchrun's summary names the rank, its exit code and
+    signal, and the last lines of that rank's stderr (from ``rank_logs``) say why. torchrun's own
+    traceback, which fills the end of what it prints, says nothing about the rank. None when torchrun
+    names no failed rank (it failed itself, before or without starting ranks)."""
+    found = ROOT_CAUSE.search(printed)
+    if found is None:
+        return None
+    how = f"exit code {found['code']}" + (f", {found['signal']}" if found["signal"] else "")
+    logs = sorted(rank_logs.glob(f"*/attempt_*/{found['local']}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    said = tail("", logs[-1].read_text(errors="replace")) if logs else ""
+    head = f"rank {found['rank']} failed first ({how})"
+    return f"{head}; its last lines:\n{said}" if said.strip() else f"{head}; it printed nothing to stderr"
+
+
+def _why(logs: tuple[Path, Path], rank_logs: Path) -> str:
+    """What to quote for a run that exited non-zero: the failed rank's words, else torchrun's tail."""
+    stdout, stderr = (path.read_text(errors="replace") if path.exists() else "" for path in logs)
+    return rank_failure(stderr + "\n" + stdout, rank_logs) or tail(stdout, stderr)
+
+
 def launch(spec: TPLaunch) -> LaunchOutcome:
     """Run ``spec`` and read its results; never raises for a failed run (see ``LaunchOutcome``).
 
@@ -207,7 +248,7 @@ def launch(spec: TPLaunch) -> LaunchOutcome:
         return LaunchOutcome(
             None, f"{problem}: {output}" if output else problem, None, duration, command, details
         )
-    output = redactor.text(_printed(logs))
+    output = redactor.text(_why(logs, spec.rank_logs) if returncode else _printed(logs))
     data, unreadable = _read(spec, redactor)
     if data is None:
         what = f"{spec.launcher} exited {returncode}" if returncode else unreadable
