@@ -139,7 +139,8 @@ def dashboard(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def published(session: nox.Session) -> None:
-    """The committed results (results/*.jsonl) in one fresh store: docs/COMPATIBILITY.md and the site."""
+    """The committed results (results/*.jsonl) in one fresh store: docs/COMPATIBILITY.md, docs/PAPER.md
+    and the site."""
     _install_project(session)
     exports = sorted(str(p) for p in Path("results").glob("*.jsonl"))
     if not exports:
@@ -149,6 +150,7 @@ def published(session: nox.Session) -> None:
     store = f"sqlite:///{path}"
     session.run("grace-matrix", "ingest", "--db", store, *exports)
     session.run("grace-matrix", "compatibility", "--db", store)
+    session.run("grace-matrix", "paper-doc", "--db", store)
     session.run("grace-matrix", "dashboard", "--db", store, *session.posargs)
 
 

@@ -38,6 +38,7 @@ from dashboards.site import HEADLINES, PI_STAGES, SUITES, RunDigest, Site, slug
 from matrix.compatibility import PART_HELP
 from matrix.errors import ConfigError
 from matrix.outfiles import public_mode
+from matrix.paper_doc import figure_subject, format_value, measured_text
 from matrix.readmodel import RunInfo, aware
 from matrix.report import fmt
 from matrix.text import xml_text
@@ -111,6 +112,7 @@ def environment(xml: bool = False) -> Environment:
     env.filters.update(
         ms=_ms, pvalue=_pvalue, iso=_iso, rfc3339=_rfc3339, day=_day, minute=_minute, times=_times, size=_size
     )
+    env.globals.update(paper_value=format_value, paper_measured=measured_text, paper_subject=figure_subject)
     return env
 
 
@@ -255,6 +257,7 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
     page("compatibility.html", "compatibility.html", parts=PART_HELP)
     page("workloads.html", "workloads.html")
     page("fuzz.html", "fuzz.html")
+    page("paper.html", "paper.html")
     for workload in site.workloads:
         page(f"workloads/{workload.slug}.html", "workload.html", depth=1, workload=workload)
     newest_first: list[RunDigest] = sorted(

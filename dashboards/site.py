@@ -36,6 +36,8 @@ from dashboards.fuzz import FuzzRow, fuzz_rows
 from dashboards.workloads import HistoryChart, WorkloadView, check_slugs, slug, workload_views
 from matrix import readmodel
 from matrix.compatibility import CompatibilityTable, build_table
+from matrix.paper import Paper
+from matrix.paper_compare import Comparison, compare_run, head_runs
 from matrix.readmodel import RunInfo
 from matrix.regressions import loader, logical, pairwise, report, status
 from matrix.regressions.observations import (
@@ -192,6 +194,8 @@ class Site:
     extra: dict[str, Any] = field(default_factory=dict)
     fuzz: tuple[FuzzRow, ...] = ()  # the differential fuzzer's runs, newest first (dashboards.fuzz)
     training: TrainingView = field(default_factory=lambda: TrainingView(()))  # as ``report`` shows it
+    paper: Paper | None = None  # the paper's figures (matrix/paper.toml), when the site was given them
+    paper_runs: tuple[Comparison, ...] = ()  # beside each GPU cell's head run (docs/PAPER.md's tables)
 
     def workload_page(self, name: str) -> str | None:
         """The slug of ``name``'s workload page; None when the site has no page for it."""
@@ -410,8 +414,10 @@ def _gpu(run: RunInfo) -> str:
     return run.gpu_name or "no GPU"
 
 
-def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None = None) -> Site:
-    """Everything the pages show, from the store behind ``session``."""
+def build_site(
+    session: Session, thresholds: Thresholds, now: dt.datetime | None = None, paper: Paper | None = None
+) -> Site:
+    """Everything the pages show, from the store behind ``session`` (and ``paper``'s figures)."""
     every = readmodel.Selection(pick=readmodel.Pick.LOGICAL)
     runs = readmodel.select_runs(readmodel.load_runs(session), every)
     medians = logical.merge_medians(session, runs, loader.load_perf_medians(session))
@@ -465,6 +471,8 @@ def build_site(session: Session, thresholds: Thresholds, now: dt.datetime | None
         extra={"by_uid": by_uid},
         fuzz=fuzz_rows(session, runs),
         training=_training(session),
+        paper=paper,
+        paper_runs=tuple(compare_run(session, paper, r) for r in head_runs(session)) if paper else (),
     )
 
 

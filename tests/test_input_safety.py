@@ -314,7 +314,11 @@ def test_results_doc_escapes_stored_text_like_the_compatibility_doc(hostile_stor
         for row in s.scalars(select(Run)):
             row.message = HOSTILE
     Session.kw["bind"].dispose()
-    for command, name in (("results-doc", "RESULTS.md"), ("compatibility", "COMPATIBILITY.md")):
+    for command, name in (
+        ("results-doc", "RESULTS.md"),
+        ("compatibility", "COMPATIBILITY.md"),
+        ("paper-doc", "PAPER.md"),
+    ):
         assert main([command, "-o", str(tmp_path / name)]) == 0
         text = (tmp_path / name).read_text()
         assert "\x1b" not in text and "<b>" not in text and "\n::error" not in text, command
@@ -332,7 +336,8 @@ def test_terminal_text_neutralises_workflow_commands_and_escapes() -> None:
 
 def test_read_commands_never_create_a_store(tmp_path, capsys) -> None:
     typo = tmp_path / "typo" / "x.sqlite"
-    for command in (["summary"], ["regressions"], ["report"], ["export"], ["pi-status"], ["dashboard"]):
+    reads = ["summary", "regressions", "report", "export", "pi-status", "dashboard", "paper-doc"]
+    for command in ([name] for name in reads):
         capsys.readouterr()
         assert main([*command, "--db", f"sqlite:///{typo}"]) == 2, command
         assert "no store at" in one_error_line(capsys)

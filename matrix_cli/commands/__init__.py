@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pi_status",
     "report",
     "results_doc",
+    "paper_doc",
     "compatibility",
     "ci_plan",
     "nightly",

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from matrix.paper import Paper, find_paper
 from matrix.regressions.synthetic import seed_demo
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.db import open_store
@@ -45,13 +46,15 @@ class Rendered:
         )
 
 
-def render(session: Session, thresholds: Thresholds, out: str | Path, base_url: str = "") -> Rendered:
-    """Build the site from the store ``session`` reads and write it into ``out``."""
+def render(
+    session: Session, thresholds: Thresholds, out: str | Path, base_url: str = "", paper: Paper | None = None
+) -> Rendered:
+    """Build the site from the store ``session`` reads (and ``paper``'s figures) and write it into ``out``."""
     from dashboards.render import write_site  # dependencies point down: the CLI -> dashboards -> matrix
     from dashboards.site import build_site
 
     started = time.perf_counter()
-    site = build_site(session, thresholds)
+    site = build_site(session, thresholds, paper=paper)
     pages = write_site(site, out, base_url=base_url)
     return Rendered(
         out=str(out),
@@ -65,15 +68,16 @@ def render(session: Session, thresholds: Thresholds, out: str | Path, base_url: 
 
 
 def publish(session: Session, thresholds: Thresholds, out: Path) -> str:
-    """The nightly pipeline's dashboard step (``matrix.nightly.Publish``)."""
-    return render(session, thresholds, out).line()
+    """The nightly pipeline's dashboard step (``matrix.nightly.Publish``), with the paper's figures."""
+    return render(session, thresholds, out, paper=find_paper(None)).line()
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    paper = None if args.no_paper else find_paper(args.paper)  # a bad file fails before the store opens
     store, thresholds = prepare(args)
     with store() as session:
-        rendered = render(session, thresholds, args.out, base_url=args.base_url)
+        rendered = render(session, thresholds, args.out, base_url=args.base_url, paper=paper)
     rendered = replace(rendered, seconds=time.perf_counter() - started)  # opening the store included
     if args.json:
         print_json({**asdict(rendered), "seconds": round(rendered.seconds, 3)})
@@ -113,6 +117,14 @@ def register(subparsers: Any) -> None:
         default="",
         help="absolute URL the site is published at, for links in the Atom feed (default: relative links)",
     )
+    paper = parser.add_mutually_exclusive_group()
+    paper.add_argument(
+        "--paper",
+        metavar="PATH",
+        default=None,
+        help="the GraCE paper's figures for the paper page (default: matrix/paper.toml, shipped)",
+    )
+    paper.add_argument("--no-paper", action="store_true", help="render the paper page without figures")
     add_common_options(parser)
     parser.set_defaults(handler=run_dashboard)
 
