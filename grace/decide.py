@@ -114,7 +114,9 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     mutated = list(facts.mutated)
     keep_bytes = facts.options.host_reference_bytes
     try:  # every run below starts from the call's state (the rule in grace.rerun)
-        start = CallStart(args, mutated, bool(facts.plan.random_ops), facts.plan.device, keep_bytes)
+        start = CallStart(
+            args, mutated, bool(facts.plan.random_ops), facts.plan.device, keep_bytes, fingerprints=True
+        )
     except Exception as exc:
         ops = ", ".join(facts.plan.random_ops[:3])
         reason = SkipReason(
@@ -129,7 +131,7 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     # it); one that writes its inputs gets them back after the reference state is kept.
     early = _reference_first(facts, args, start, writes_inputs=bool(mutated))
     if isinstance(early, _MissedWrite):
-        return _decide_again(facts, start, early.output)
+        return _decide_again(facts, early)
     reference_state: list[Any] = []
     if mutated:
         reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
@@ -223,21 +225,19 @@ class _Checks:
 
 @dataclass(frozen=True)
 class _MissedWrite:
-    """The first run of a deciding call wrote an input the analysis did not list; its output."""
+    """The first run of a deciding call wrote inputs the analysis did not list; its output."""
 
     output: Any
+    written: tuple[int, ...]
 
 
-def _decide_again(facts: SlotFacts, start: CallStart, output: Any) -> SlotDecision:
+def _decide_again(facts: SlotFacts, missed: _MissedWrite) -> SlotDecision:
     """End the deciding call with its first (and only) run: the inputs it wrote join the slot's written
     inputs, and the next call decides again (as after a warm-up call that saw the writes)."""
-    written = start.unexpected_writes()
-    logger.warning(
-        "grace: graph %s wrote inputs %s that the analysis did not find; deciding again on the next call",
-        facts.record.graph_id,
-        written,
-    )
-    return SlotDecision(Variant.PENDING, written=tuple(written), output=output)
+    detail = f"the first run wrote inputs {list(missed.written)} that the analysis did not list"
+    logger.warning("grace: graph %s: %s; deciding again on the next call", facts.record.graph_id, detail)
+    facts.record.add_skip(SkipReason(SkipCode.UNLISTED_WRITE, f"{detail}: they count as written from now on"))
+    return SlotDecision(Variant.PENDING, written=missed.written, output=missed.output)
 
 
 def _reference_first(
@@ -250,8 +250,9 @@ def _reference_first(
     memory, and only then are the no-graph samples taken here."""
     options = facts.options
     output = facts.compiled(*args)
-    if start.unexpected_writes():
-        return _MissedWrite(output)
+    written = start.unexpected_writes()
+    if written:
+        return _MissedWrite(output, tuple(written))
     devices = output_devices(output)
     if writes_inputs:
         start.note_first_run()

@@ -40,6 +40,7 @@ class SkipCode(str, enum.Enum):
     UNSUPPORTED_OUTPUT_ALIAS = "unsupported_output_alias"
     MUTATION_UNKNOWN = "mutation_unknown"  # which inputs the graph writes could not be established
     RANDOM_STATE_UNKNOWN = "random_state_unknown"  # the generators' state cannot be saved and restored
+    UNLISTED_WRITE = "unlisted_write"  # a run wrote inputs the analysis did not list: written from then on
     # runtime failures
     CAPTURE_FAILED = "capture_failed"
     INSTANTIATE_FAILED = "instantiate_failed"

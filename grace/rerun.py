@@ -10,10 +10,13 @@ Design: ``CallStart`` is taken before the first run of a call: a copy of each in
 (``grace.hostref.kept_inputs``; in host memory when large) and, for a callable with random ops, the
 default generators' states (``grace.compat.generators``). ``restore`` puts both back before every extra
 run, so each run starts from the caller's state; ``note_first_run`` and ``resume_first_run`` let a call
-that returns its first run's output leave the generators where that one run left them. Where inputs
-have version counters, ``unexpected_writes`` tells after the first run whether it wrote an input the
-analysis did not list: the deciding call then stops there (that run is the call) and decides again
-on the next call, with that input among the written ones.
+that returns its first run's output leave the generators where that one run left them.
+``unexpected_writes`` tells after the first run whether it wrote an input the analysis did not list:
+by the input's version counter (eager writes) and, for a ``CallStart`` taken with ``fingerprints``
+(the deciding call's), by a sum over the input's bytes taken before the run, which also sees writes
+no counter records (a kernel writing through a raw pointer: an Inductor backward reusing a saved
+tensor's memory; inference tensors). The deciding call then stops there (that run is the call) and
+decides again on the next call, with that input among the written ones.
 
 Invariant (the rule for every graph that writes an input or draws random numbers): a call's effects on
 the caller's state are those of exactly one run. Every run grace makes beyond the caller's one starts
@@ -42,10 +45,12 @@ class CallStart:
         random: bool,
         device: torch.device | None,
         host_bytes: int = 0,
+        fingerprints: bool = False,
     ) -> None:
         self._args = args
         self._mutated = frozenset(mutated)
         self._versions = input_versions(args)
+        self._sums = content_sums(args, self._mutated) if fingerprints else None
         self._inputs = kept_inputs(args, list(mutated), host_bytes)
         # Raises where the generators' state cannot be read: the caller declines the graph then.
         self._generators = generators_compat.save_generators(device) if random else None
@@ -63,15 +68,18 @@ class CallStart:
             generators_compat.restore_generators(self._generators)
 
     def unexpected_writes(self) -> list[int]:
-        """Inputs whose version counters moved since the call started although they are not among the
-        inputs the callable writes: a write the analysis did not see (inference tensors have no counter,
-        so only the analysis can see their writes)."""
+        """Inputs whose version counters or (with ``fingerprints``) contents changed since the call
+        started although they are not among the inputs the callable writes: writes the analysis did not
+        see."""
         now = input_versions(self._args)
-        return [
+        moved = {
             i
             for i, (before, after) in enumerate(zip(self._versions, now, strict=True))
             if before is not None and after is not None and before != after and i not in self._mutated
-        ]
+        }
+        if self._sums is not None:
+            moved.update(changed_contents(self._args, self._sums))
+        return sorted(moved)
 
     def note_first_run(self) -> None:
         """Remember where the generators stand after the run whose output the caller may get."""
@@ -96,3 +104,39 @@ def input_versions(args: Sequence[Any]) -> list[int | None]:
                 version = None
         out.append(version)
     return out
+
+
+def content_sums(args: Sequence[Any], skip: frozenset[int]) -> list[torch.Tensor | None]:
+    """Per input (None for a non-tensor, one in ``skip`` or one whose bytes cannot be read), the sum of
+    its contents read as 32-bit words (bytes when its size is no multiple of 4), on its device: taken
+    without a synchronisation, compared by ``changed_contents``. A write that changes a value changes
+    the sum unless other writes make up for it exactly; a write of the same values is no write."""
+    return [None if i in skip else _content_sum(value) for i, value in enumerate(args)]
+
+
+def _content_sum(value: Any) -> torch.Tensor | None:
+    if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.is_meta or value.numel() == 0:
+        return None
+    try:
+        with torch.no_grad():
+            flat = value.detach()
+            flat = (flat if flat.is_contiguous() else flat.contiguous()).reshape(-1).view(torch.uint8)
+            words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
+            return words.sum(dtype=torch.int64)
+    except RuntimeError:  # a layout whose bytes cannot be viewed (sparse, quantized): no fingerprint
+        return None
+
+
+def changed_contents(args: Sequence[Any], sums: Sequence[torch.Tensor | None]) -> list[int]:
+    """The inputs whose contents no longer give the sum ``content_sums`` took (one synchronisation
+    per device)."""
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    for i, (value, before) in enumerate(zip(args, sums, strict=True)):
+        after = None if before is None else _content_sum(value)
+        if before is not None and after is not None:
+            by_device.setdefault(before.device, []).append((i, before, after))
+    changed = []
+    for pairs in by_device.values():
+        differ = (torch.stack([b for _, b, _ in pairs]) != torch.stack([a for _, _, a in pairs])).tolist()
+        changed += [i for (i, _, _), d in zip(pairs, differ, strict=True) if d]
+    return sorted(changed)

@@ -233,16 +233,35 @@ def test_the_backend_publishes_the_inputs_each_graph_writes(fn: Any, written: se
     assert {"abc"[i] for i in sink[0].mutated_inputs} == written
 
 
+@pytest.mark.parametrize("mode", list(GRAD_MODES))
 @pytest.mark.parametrize("host_reference_bytes", [0, 4 << 20])
 def test_a_write_the_analysis_missed_ends_the_deciding_call_after_its_first_run(
-    monkeypatch: pytest.MonkeyPatch, host_reference_bytes: int
+    monkeypatch: pytest.MonkeyPatch, host_reference_bytes: int, mode: str
 ) -> None:
-    """Where inputs have version counters, the deciding call's first run shows a write the analysis did
-    not report: that run is the call, and the next call decides with the write known."""
+    """The deciding call's first run shows a write the analysis did not report, by the input's version
+    counter or, under inference_mode (no counters), by its contents: that run is the call, and the
+    next call decides with the write known."""
     from grace.analysis import GraphEffects
 
     monkeypatch.setattr(grace.backend, "graph_effects", lambda gm, inputs: GraphEffects((), ()))
     options = _options(warmup_calls=0, host_reference_bytes=host_reference_bytes)
-    _compare_calls(foreach_step, options, "no_grad", calls=5)
+    _compare_calls(foreach_step, options, mode, calls=5)
     records = stats.snapshot()
     assert records and all(r["variant"] == Variant.GRAPH_COPIES.value for r in records), records
+    assert any(r["code"] == "unlisted_write" for r in records[0]["skip_reasons"]), records
+
+
+def test_contents_show_writes_no_version_counter_records() -> None:
+    """A kernel writing through a raw pointer bumps no version counter (``.data`` stands in for one)."""
+    from grace.rerun import CallStart
+
+    args = [torch.arange(6.0), torch.ones(3, dtype=torch.bool), torch.zeros(5, dtype=torch.int8), 3]
+    start = CallStart(args, mutated=[2], random=False, device=None, fingerprints=True)
+    assert start.unexpected_writes() == []
+    args[0].data[4] = 7.0
+    args[1].data[0] = False
+    args[2].data.fill_(1)  # listed as written: not unexpected
+    assert start.unexpected_writes() == [0, 1]
+    blind = CallStart(args, mutated=[], random=False, device=None)
+    args[0].data[0] = 5.0
+    assert blind.unexpected_writes() == []  # without fingerprints only the counters tell
