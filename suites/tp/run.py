@@ -410,5 +410,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
+def exit_without_finalization(code: int) -> None:
+    """End a rank's process once its results are written and its process group destroyed, without the
+    interpreter's finalization: threads torch keeps (gloo's, the autograd engine's) can release Python
+    objects while the interpreter is torn down, which aborts the process (SIGABRT, pytorch#190489) after
+    its work is done, and torchrun then reports the whole run as failed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_finalization(main())
