@@ -106,11 +106,16 @@ def input_versions(args: Sequence[Any]) -> list[int | None]:
     return out
 
 
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}  # by size in bytes
+
+
 def content_sums(args: Sequence[Any], skip: frozenset[int]) -> list[torch.Tensor | None]:
     """Per input (None for a non-tensor, one in ``skip`` or one whose bytes cannot be read), the sum of
-    its contents read as 32-bit words (bytes when its size is no multiple of 4), on its device: taken
-    without a synchronisation, compared by ``changed_contents``. A write that changes a value changes
-    the sum unless other writes make up for it exactly; a write of the same values is no write."""
+    its contents read as integer words, wrapping around, on its device: taken without a synchronisation
+    and without a copy of the input, compared by ``changed_contents``. A contiguous input is read as
+    the widest words its size and address allow (64-bit for most); a strided one element by element,
+    as integers of the element's size. A write that changes a value changes the sum unless other writes
+    make up for it exactly (modulo the word's range); a write of the same values is no write."""
     return [None if i in skip else _content_sum(value) for i, value in enumerate(args)]
 
 
@@ -119,12 +124,21 @@ def _content_sum(value: Any) -> torch.Tensor | None:
         return None
     try:
         with torch.no_grad():
-            flat = value.detach()
-            flat = (flat if flat.is_contiguous() else flat.contiguous()).reshape(-1).view(torch.uint8)
-            words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
-            return words.sum(dtype=torch.int64)
+            words = _as_words(value.detach())
+            # The words' own dtype: a sum into a wider one would first copy the input into it.
+            return None if words is None else words.sum(dtype=words.dtype)
     except RuntimeError:  # a layout whose bytes cannot be viewed (sparse, quantized): no fingerprint
         return None
+
+
+def _as_words(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor``'s bytes as integer words, a view (no copy); None for an element size with no word."""
+    if not tensor.is_contiguous():
+        word = _WORDS.get(tensor.element_size())
+        return None if word is None else tensor.view(word)  # same size: any strides
+    raw = tensor.reshape(-1).view(torch.uint8)
+    size = next(s for s in _WORDS if raw.numel() % s == 0 and raw.data_ptr() % s == 0)
+    return raw.view(_WORDS[size])
 
 
 def changed_contents(args: Sequence[Any], sums: Sequence[torch.Tensor | None]) -> list[int]:
