@@ -207,8 +207,13 @@ def write_site(site: Site, out: Path | str, base_url: str = "") -> list[Path]:
     is refused with a ``ConfigError`` before a file is touched (see the module invariants)."""
     out = Path(out).resolve()
     check_output_folder(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out}: cannot make the site's folder there: {exc.strerror or exc}"
+        ) from None
     try:
         os.chmod(staging, public_mode(folder=True))  # mkdtemp's 0700 would make the site private
         written = _render_into(site, staging, base_url)

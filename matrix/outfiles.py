@@ -8,6 +8,9 @@ and the exports would be unreadable to everyone but their writer, whatever the u
 Design: ``replace_file`` writes through a callback into a temporary file beside the target, gives it the
 mode a plain ``open`` would have given (``0o666`` less the umask) and renames it over the target;
 ``public_mode`` gives that mode (``0o777`` less the umask for folders) for callers that stage a folder.
+``write_document`` is the generated documents' way (its folder made; a target that is a folder, or
+that cannot be written, is a ``ConfigError`` of one line, not a traceback); ``check_target`` is that
+check for a caller that writes otherwise.
 
 Invariant: a target is either its old content or its complete new content, never a mix; what is
 written has the mode the umask gives, as any file the user creates.
@@ -21,6 +24,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO, TypeVar
+
+from matrix.errors import ConfigError
 
 _T = TypeVar("_T")
 _UMASK_LOCK = threading.Lock()
@@ -51,3 +56,19 @@ def replace_file(target: Path, write: Callable[[TextIO], _T]) -> _T:
         Path(tmp).unlink(missing_ok=True)
         raise
     return result
+
+
+def check_target(target: Path) -> None:
+    """ConfigError when ``target`` is a folder: a file is written there, never into a folder's place."""
+    if target.is_dir():
+        raise ConfigError(f"{target}: is a folder; give the path of a file to write")
+
+
+def write_document(target: Path, text: str) -> None:
+    """``text`` as the whole of ``target`` (atomically; its folder made when missing)."""
+    check_target(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(target, lambda out: out.write(text))
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from None

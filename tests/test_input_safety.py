@@ -325,6 +325,29 @@ def test_results_doc_escapes_stored_text_like_the_compatibility_doc(hostile_stor
     assert markdown_text("a|b `c` <d>") == "a\\|b 'c' &lt;d&gt;"
 
 
+@pytest.mark.parametrize("command", ["results-doc", "compatibility", "paper-doc", "export"])
+def test_an_output_that_cannot_be_a_file_is_one_line_and_exit_2(store, tmp_path, capsys, command) -> None:
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("kept")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    for target, message in ((folder, "is a folder"), (blocker / "doc.md", "cannot write")):
+        capsys.readouterr()
+        assert main([command, "-o", str(target)]) == 2, target
+        line = one_error_line(capsys)
+        assert str(target) in line and (message in line or "does not exist" in line), line
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"] and blocker.read_text() == "kept"
+
+
+def test_a_site_under_a_file_is_one_line_and_exit_2(store, tmp_path, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    assert main(["dashboard", "--out", str(blocker / "site")]) == 2
+    assert "cannot make the site's folder there" in one_error_line(capsys)
+    assert blocker.read_text() == "kept"
+
+
 def test_terminal_text_neutralises_workflow_commands_and_escapes() -> None:
     shown = terminal_text(HOSTILE)
     assert shown.splitlines()[1].startswith("\\::error::") and "\x1b" not in shown and "\r" not in shown

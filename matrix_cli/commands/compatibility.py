@@ -21,7 +21,7 @@ from matrix.cells import default_config_path, load_matrix
 from matrix.compatibility import build_table
 from matrix.compatibility_doc import render_markdown
 from matrix.errors import ConfigError
-from matrix.outfiles import replace_file
+from matrix.outfiles import write_document
 from matrix.regressions.expected import DEFAULT_FILE, load_expected_file, sync_expected
 from matrix.regressions.status import Expectation
 from matrix_cli.commands._output import info, print_json
@@ -90,8 +90,7 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     target = Path(args.output or DEFAULT_OUTPUT)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(target, lambda out: out.write(text))  # atomically, with the umask's mode
+    write_document(target, text)  # atomically, with the umask's mode
     if args.json:
         print_json({"output": str(target), **table.to_dict()})
     else:

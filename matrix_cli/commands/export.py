@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError
-from matrix.outfiles import replace_file
+from matrix.outfiles import check_target, replace_file
 from matrix.store.db import StoreAccess, open_store
 from matrix.transfer import RunFilter, export_jsonl
 from matrix_cli.commands._output import info, print_json
@@ -32,6 +32,7 @@ def handle(args: argparse.Namespace) -> int:
             counts = export_jsonl(session, sys.stdout, run_filter)
         else:
             target = Path(args.output)
+            check_target(target)
             if not target.parent.is_dir():
                 raise ConfigError(f"--output {target}: directory {target.parent} does not exist")
             if target.exists() and not target.is_file():  # a device or a pipe: write through, never replace

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError
-from matrix.outfiles import replace_file
+from matrix.outfiles import write_document
 from matrix.paper import find_paper
 from matrix.paper_compare import compare_run, head_runs
 from matrix.paper_doc import render_paper_markdown
@@ -56,8 +56,7 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     target = Path(args.output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(target, lambda out: out.write(text))
+    write_document(target, text)
     figures = sum(1 for c in comparisons for f in c.figures if f.ours.value is not None)
     if getattr(args, "json", False):
         summary = {"output": str(target), "runs": [r.uid for r in runs], "figures_measured": figures}

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from matrix.outfiles import replace_file
+from matrix.outfiles import write_document
 from matrix.report import render_markdown
 from matrix_cli.commands.report import add_selection, selected_report
 
@@ -34,8 +34,7 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     target = Path(args.output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(target, lambda out: out.write(text))
+    write_document(target, text)
     summary = {"output": str(target), "rows": len(report.rows), "cells": report.cells()}
     if getattr(args, "json", False):
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
