@@ -48,7 +48,7 @@ from grace.compat import torch as torch_compat
 from grace.hostref import kept_copy, offload
 from grace.noise import allow_noise
 from grace.reasons import SkipCode, SkipReason, log_once
-from grace.rerun import CallStart
+from grace.rerun import CallStart, UnlistedWrites
 from grace.runplan import SlotFacts
 from grace.scg import (
     MUTATED,
@@ -131,7 +131,7 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     # it); one that writes its inputs gets them back after the reference state is kept.
     early = _reference_first(facts, args, start, writes_inputs=bool(mutated))
     if isinstance(early, _MissedWrite):
-        return _decide_again(facts, early)
+        return _decide_again(facts, start, early)
     reference_state: list[Any] = []
     if mutated:
         reference_state = kept_copy([args[i] for i in mutated], keep_bytes)
@@ -228,16 +228,28 @@ class _MissedWrite:
     """The first run of a deciding call wrote inputs the analysis did not list; its output."""
 
     output: Any
-    written: tuple[int, ...]
+    written: UnlistedWrites
 
 
-def _decide_again(facts: SlotFacts, missed: _MissedWrite) -> SlotDecision:
-    """End the deciding call with its first (and only) run: the inputs it wrote join the slot's written
-    inputs, and the next call decides again (as after a warm-up call that saw the writes)."""
-    detail = f"the first run wrote inputs {list(missed.written)} that the analysis did not list"
+def _decide_again(facts: SlotFacts, start: CallStart, missed: _MissedWrite) -> SlotDecision:
+    """End the deciding call with its first (and only) run. Writes a version counter shows join the
+    slot's written inputs, and the next call decides again (as after a warm-up call that saw them);
+    writes only the contents show (a kernel writing memory no op declares) leave the slot without a
+    graph (grace.rerun)."""
+    written = missed.written
+    if written.unseen:
+        detail = (
+            f"the first run changed inputs {list(written.unseen)} with no version counter moving: a kernel "
+            "writes memory no op of the graph declares, so no graph is kept"
+        )
+        reason = SkipReason(SkipCode.UNLISTED_WRITE, detail)
+        logger.warning("grace: graph %s: %s", facts.record.graph_id, detail)
+        start.note_first_run()
+        return SlotDecision(Variant.NO_GRAPH, reason=reason, output=missed.output, start=start)
+    detail = f"the first run wrote inputs {list(written.counted)} that the analysis did not list"
     logger.warning("grace: graph %s: %s; deciding again on the next call", facts.record.graph_id, detail)
     facts.record.add_skip(SkipReason(SkipCode.UNLISTED_WRITE, f"{detail}: they count as written from now on"))
-    return SlotDecision(Variant.PENDING, written=missed.written, output=missed.output)
+    return SlotDecision(Variant.PENDING, written=written.counted, output=missed.output)
 
 
 def _reference_first(
@@ -252,7 +264,7 @@ def _reference_first(
     output = facts.compiled(*args)
     written = start.unexpected_writes()
     if written:
-        return _MissedWrite(output, tuple(written))
+        return _MissedWrite(output, written)
     devices = output_devices(output)
     if writes_inputs:
         start.note_first_run()

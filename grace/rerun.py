@@ -12,11 +12,12 @@ default generators' states (``grace.compat.generators``). ``restore`` puts both 
 run, so each run starts from the caller's state; ``note_first_run`` and ``resume_first_run`` let a call
 that returns its first run's output leave the generators where that one run left them.
 ``unexpected_writes`` tells after the first run whether it wrote an input the analysis did not list:
-by the input's version counter (eager writes) and, for a ``CallStart`` taken with ``fingerprints``
-(the deciding call's), by a sum over the input's bytes taken before the run, which also sees writes
-no counter records (a kernel writing through a raw pointer: an Inductor backward reusing a saved
-tensor's memory; inference tensors). The deciding call then stops there (that run is the call) and
-decides again on the next call, with that input among the written ones.
+``counted``, by the input's version counter (an eager op's write: the deciding call stops there, that
+run being the call, and decides again on the next call with that input among the written ones), and
+``unseen``, for a ``CallStart`` taken with ``fingerprints`` (the deciding call's), by a sum over the
+input's bytes taken before the run where no counter moved: a kernel wrote memory no op declares (an
+Inductor backward writing a saved tensor's memory; a write to an inference tensor the analysis
+missed). grace cannot tell what else such code writes, so that slot keeps no graph.
 
 Invariant (the rule for every graph that writes an input or draws random numbers): a call's effects on
 the caller's state are those of exactly one run. Every run grace makes beyond the caller's one starts
@@ -27,12 +28,25 @@ generators are put back where it left them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from grace.compat import generators as generators_compat
 from grace.hostref import kept_inputs, restore_inputs
+
+
+@dataclass(frozen=True)
+class UnlistedWrites:
+    """Inputs a run wrote that the callable's written inputs do not list (``CallStart.unexpected_writes``):
+    ``counted`` by their version counters, ``unseen`` by their contents alone."""
+
+    counted: tuple[int, ...] = ()
+    unseen: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.counted or self.unseen)
 
 
 class CallStart:
@@ -67,19 +81,18 @@ class CallStart:
         if self._generators is not None:
             generators_compat.restore_generators(self._generators)
 
-    def unexpected_writes(self) -> list[int]:
+    def unexpected_writes(self) -> UnlistedWrites:
         """Inputs whose version counters or (with ``fingerprints``) contents changed since the call
         started although they are not among the inputs the callable writes: writes the analysis did not
         see."""
         now = input_versions(self._args)
-        moved = {
+        counted = tuple(
             i
             for i, (before, after) in enumerate(zip(self._versions, now, strict=True))
             if before is not None and after is not None and before != after and i not in self._mutated
-        }
-        if self._sums is not None:
-            moved.update(changed_contents(self._args, self._sums))
-        return sorted(moved)
+        )
+        changed = changed_contents(self._args, self._sums) if self._sums is not None else []
+        return UnlistedWrites(counted, tuple(i for i in changed if i not in counted))
 
     def note_first_run(self) -> None:
         """Remember where the generators stand after the run whose output the caller may get."""
