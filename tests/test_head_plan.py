@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from report_store import Store
-from scripts_support import run_script
+from scripts_support import ROOT, run_script
 
 from matrix_cli.main import main
+from suites.modes import SPECS, Mode
 from suites.workloads import names as workload_names
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -79,3 +83,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_the_session_step_says_complete_once_every_pair_is_recorded(tmp_path) -> None:
+    """``session.sh head``: with every (workload, mode) in the parts so far, nothing is run."""
+    parts = tmp_path / "head"
+    parts.mkdir()
+    gpu_modes = [mode.value for mode in Mode if not SPECS[mode].cpu_only]
+    everything = {name: dict.fromkeys(gpu_modes, 1.0) for name in workload_names()}
+    export_part(parts, "all", SHA, everything)
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        "GRACE_HEAD_EXPORTS": str(parts),
+        "GRACE_MATRIX_GIT_SHA": SHA,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    done = subprocess.run(["bash", str(ROOT / "scripts/gpu/session.sh"), "head:60"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert done.returncode == 0 and f"head run at {SHA}: complete (1 part(s))" in log, log
+    assert "run_suites" not in log

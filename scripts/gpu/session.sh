@@ -14,6 +14,12 @@
 #   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
 #   timeline    scripts/gpu/call_timeline.py $GRACE_TIMELINE_ARGS (a synchronised call's device timeline)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
+#   head        the next part of the head run at $GRACE_MATRIX_GIT_SHA (a full commit id): what
+#               scripts/gpu/head_plan.py finds missing in the exports under results/head/ (or
+#               $GRACE_HEAD_EXPORTS, a folder), run with label head-<sha[:12]> within SECONDS (the
+#               suites stop starting workloads 150 s before); commit the call's suites-export.jsonl as
+#               results/head/head-<sha[:12]>-<n>.jsonl and call again until the step says complete
+#               ($GRACE_HEAD_SAMPLES timed samples, default 30)
 #   fuzz        the differential fuzzer (pytest suites/fuzz -m fuzz) for SECONDS less 90 (start-up, the
 #               last case, the export), recorded into its own store: fuzz-export.jsonl (the fuzz record
 #               with its counts and failing schedules), fuzz/counts.json, fuzz/records.jsonl; fuzz:400
@@ -40,6 +46,25 @@ if ! python -c "import sqlalchemy, alembic" 2>/dev/null; then
   log "installing the store's dependencies from $WHEELS"
   python -m pip install --quiet --no-index --find-links "$WHEELS" sqlalchemy alembic mako || log "install failed"
 fi
+
+# One part of the head run (step head): plan from the exports so far, then run what is missing.
+head_part() {
+  local limit="$1" sha="${GRACE_MATRIX_GIT_SHA:-}" exports=() plan rc
+  local folder="${GRACE_HEAD_EXPORTS:-$REPO/results/head}"
+  [[ -d "$folder" ]] && mapfile -t exports < <(find "$folder" -maxdepth 1 -name '*.jsonl' | sort)
+  plan="$(python scripts/gpu/head_plan.py --sha "$sha" --json "${exports[@]}")"
+  rc=$?
+  if [[ $rc -eq 3 ]]; then log "head run at $sha: complete (${#exports[@]} part(s))"; return 0; fi
+  [[ $rc -ne 0 ]] && return "$rc"
+  local workloads modes label
+  workloads="$(python -c 'import json,sys; print(",".join(json.load(sys.stdin)["next_workloads"]))' <<<"$plan")"
+  modes="$(python -c 'import json,sys; p=json.load(sys.stdin); print(",".join(dict.fromkeys(m for ms in p["missing"].values() for m in ms)))' <<<"$plan")"
+  label="head-${sha:0:12}"
+  log "head run at $sha: ${#exports[@]} part(s) so far; next: $workloads ($modes)"
+  OUT="$OUT" bash scripts/gpu/run_suites.sh --workloads "$workloads" --modes "$modes" --label "$label" \
+    --samples "${GRACE_HEAD_SAMPLES:-30}" --budget-s "$((limit > 240 ? limit - 150 : limit / 3))" \
+    --hard-limit-s "$((limit > 120 ? limit - 60 : limit / 2))"
+}
 
 STEPS=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do STEPS+=("$1"); shift; done
@@ -86,6 +111,8 @@ for spec in "${STEPS[@]}"; do
         ${GRACE_TIMELINE_ARGS:-} ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
+    head)
+      head_part "$limit" ;;
     fuzz)
       mkdir -p "$OUT/fuzz"
       FUZZ_DB="sqlite:///$OUT/fuzz/store.sqlite"
