@@ -92,7 +92,9 @@ class CallStart:
             if before is not None and after is not None and before != after and i not in self._mutated
         )
         changed = changed_contents(self._args, self._sums) if self._sums is not None else []
-        return UnlistedWrites(counted, tuple(i for i in changed if i not in counted))
+        written = _storages(self._args, self._mutated)  # a listed write changes every view of its memory
+        unseen = (i for i in changed if i not in counted and _storage(self._args[i]) not in written)
+        return UnlistedWrites(counted, tuple(unseen))
 
     def note_first_run(self) -> None:
         """Remember where the generators stand after the run whose output the caller may get."""
@@ -167,3 +169,11 @@ def changed_contents(args: Sequence[Any], sums: Sequence[torch.Tensor | None]) -
         differ = (torch.stack([b for _, b, _ in pairs]) != torch.stack([a for _, _, a in pairs])).tolist()
         changed += [i for (i, _, _), d in zip(pairs, differ, strict=True) if d]
     return sorted(changed)
+
+
+def _storage(value: Any) -> int | None:
+    return value.untyped_storage().data_ptr() if isinstance(value, torch.Tensor) else None
+
+
+def _storages(args: Sequence[Any], indices: frozenset[int]) -> set[int | None]:
+    return {_storage(args[i]) for i in indices} - {None}

@@ -265,6 +265,11 @@ def test_contents_show_writes_no_version_counter_records() -> None:
     assert start.unexpected_writes() == UnlistedWrites(counted=(), unseen=(0, 1))
     args[1].mul_(True)  # a counted write (of the same values): counted, and no longer "unseen"
     assert start.unexpected_writes() == UnlistedWrites(counted=(1,), unseen=(0,))
+    base = torch.zeros(4)
+    views = [base, base[1:]]
+    aliased = CallStart(views, mutated=[0], random=False, device=None, fingerprints=True)
+    base.data[2] = 1.0
+    assert not aliased.unexpected_writes()  # a view of a listed written input: explained by that write
     blind = CallStart(args, mutated=[], random=False, device=None)
     args[0].data[0] = 5.0
     assert not blind.unexpected_writes()  # without fingerprints only the counters tell
