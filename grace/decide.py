@@ -80,7 +80,8 @@ class SlotDecision:
     ``variant``: a graph variant (``graph`` is its graph), ``Variant.NO_GRAPH`` (``reason``: why, when
     no decision was made) or ``Variant.PENDING``: decide again on the next call, the inputs in
     ``written`` joining the written ones (``output``: this call's output). For no graph, ``output`` is
-    the reference to return when it is this call's result. ``start``: the call's state every further run
+    the reference to return when it is this call's result, and ``ran`` says that it is even where it is
+    None (a callable that returns nothing must not run again). ``start``: the call's state every further run
     starts from; ``host_reference``: the reference in host memory the returned replay is compared with;
     ``verify``: arm the safety net (grace.verify) for the graph's first replays."""
 
@@ -94,6 +95,7 @@ class SlotDecision:
     host_reference: Any = None
     verify: bool = True
     noise: dict[str, float] = field(default_factory=dict)  # Note: [Run-to-run noise] in grace.noise
+    ran: bool = False
 
     @classmethod
     def bind(cls, variant: Variant, graph: CapturedGraph) -> SlotDecision:
@@ -245,7 +247,7 @@ def _decide_again(facts: SlotFacts, start: CallStart, missed: _MissedWrite) -> S
         reason = SkipReason(SkipCode.UNLISTED_WRITE, detail)
         logger.warning("grace: graph %s: %s", facts.record.graph_id, detail)
         start.note_first_run()
-        return SlotDecision(Variant.NO_GRAPH, reason=reason, output=missed.output, start=start)
+        return SlotDecision(Variant.NO_GRAPH, reason=reason, output=missed.output, start=start, ran=True)
     detail = f"the first run wrote inputs {list(written.counted)} that the analysis did not list"
     logger.warning("grace: graph %s: %s; deciding again on the next call", facts.record.graph_id, detail)
     facts.record.add_skip(SkipReason(SkipCode.UNLISTED_WRITE, f"{detail}: they count as written from now on"))

@@ -429,7 +429,7 @@ class GraphSlot:
         start = decision.start
         if decision.graph is None:
             self.set_no_graph(decision.reason)
-            if decision.output is not None and start is not None:  # the reference is the call's output
+            if (decision.output is not None or decision.ran) and start is not None:  # the call's output
                 record.calls += 1
                 start.resume_first_run()  # the generators where the run that made it left them
                 return decision.output

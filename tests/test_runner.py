@@ -344,3 +344,30 @@ def test_an_input_on_another_device_at_run_time_gets_a_slot_without_a_graph(cpu_
     records = {r["signature"]: r for r in stats.snapshot()}
     other = next(r for sig, r in records.items() if sig.endswith("@meta"))
     assert other["variant"] == "no_graph" and other["skip_reasons"][0]["code"] == "cpu_input"
+
+
+def test_a_deciding_call_that_already_ran_returns_its_output_even_when_it_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A no-graph decision whose call already ran (``ran``) is the call: the callable is not run again
+    for a result, not even when that result is None (an optimizer step returns nothing)."""
+    from grace.rerun import CallStart
+
+    runs: list[int] = []
+
+    def compiled(w: torch.Tensor, x: torch.Tensor, n: int) -> None:
+        runs.append(1)
+
+    def decide(facts: Any, args: Sequence[Any]) -> SlotDecision:
+        facts.compiled(*args)  # the deciding call's one run
+        start = CallStart(args, (), random=False, device=None)
+        return SlotDecision(Variant.NO_GRAPH, output=None, start=start, ran=True)
+
+    fakes.use_decide(monkeypatch, decide)
+    plan = RunnerPlan(graph_hash="h", device=torch.device("cpu"), static_indices=(0,), dynamic_indices=(1,),
+                      scalar_indices=(2,))  # fmt: skip
+    runner = GraceRunner(compiled, plan, GraceOptions(warmup_calls=0), None)
+    assert runner(torch.ones(()), torch.ones(2), 1) is None
+    assert runs == [1]
+    assert runner(torch.ones(()), torch.ones(2), 1) is None  # a steady no-graph call: one run
+    assert runs == [1, 1]
