@@ -31,6 +31,7 @@ import pytest
 
 from dashboards.render import write_site
 from dashboards.site import build_site, slug
+from matrix.paper import find_paper
 from matrix.regressions.synthetic import (
     SCRIPT_PAYLOAD,
     DemoSeed,
@@ -224,7 +225,7 @@ def published(site_dir: Path) -> tuple[Path, DemoSeed]:
                 ingest_jsonl(session, handle, str(path))
         seeded = seed_demo(session)
     with store() as session:
-        site = build_site(session, Thresholds())
+        site = build_site(session, Thresholds(), paper=find_paper(None))  # the paper page with figures
     out = site_dir.parent / "published"
     write_site(site, out)
     return out, seeded
@@ -390,6 +391,7 @@ def test_the_published_site_names_the_seeded_faults_first_and_its_pages_agree(
         "regressions": "published/regressions.html",
         "compare": "published/compare.html",
         "pi": "published/pi.html",
+        "paper": "published/paper.html",
     }
     texts: dict[str, str] = {}
     selected: list[str] = []
@@ -410,6 +412,7 @@ def test_the_published_site_names_the_seeded_faults_first_and_its_pages_agree(
     assert f"{seeded.pi_subject} / {seeded.pi_stage}" in header, header
     assert f"{workload}" in texts["regressions"] and seeded.pi_subject in texts["regressions"]
     assert "NEW performance" in texts["workload"]  # the workload page flags what the regressions page lists
+    assert "3.36x" in texts["paper"] and "speedup over PyTorch2-CG" in texts["paper"]  # the paper beside ours
     index = json.loads((out / "data" / "runs.js").read_text().split("=", 1)[1].strip().rstrip(";"))
     by_uid = {run["uid"]: run for run in index}
     a, b = (by_uid[uid] for uid in selected)
