@@ -35,7 +35,7 @@ from sqlalchemy import BigInteger, Boolean, Column, DateTime, Float, Integer, Ta
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
-from matrix.errors import TransferError
+from matrix.errors import ConfigError, TransferError
 from matrix.store.access import get_or_create, insert_ignoring_conflict
 from matrix.store.db import SCHEMA_VERSION, StoreAccess, display_url, open_store
 from matrix.store.models import (
@@ -442,3 +442,18 @@ def merge_stores(
                     bind.dispose()
         session.flush()
         return ingester.stats
+
+
+def store_of_exports(paths: Sequence[str], option: str = "") -> sessionmaker[Session]:
+    """An in-memory store holding the exports at ``paths``, for commands that read exports directly.
+    An unreadable file is a ConfigError naming it (after ``option``, the flag that gave it, if any)."""
+    Session_ = open_store("sqlite://")
+    with Session_.begin() as session:
+        for path in paths:
+            try:
+                handle = open(path, "rb")  # noqa: SIM115 - closed below; decoded per line by ingest
+            except OSError as exc:
+                raise ConfigError(f"{option} {path}: cannot read: {exc.strerror}".lstrip()) from None
+            with handle:
+                ingest_jsonl(session, handle, path)
+    return Session_

@@ -38,19 +38,9 @@ def open_selected_store(args: argparse.Namespace) -> sessionmaker[Session]:
     inputs = getattr(args, "input", None) or []
     if not inputs:
         return open_store(getattr(args, "db", None), StoreAccess.EXISTING)
-    from matrix.errors import ConfigError
-    from matrix.transfer import ingest_jsonl
+    from matrix.transfer import store_of_exports
 
-    Session = open_store("sqlite://")
-    with Session.begin() as session:
-        for path in inputs:
-            try:
-                handle = open(path, "rb")  # noqa: SIM115 - closed below; decoded per line by ingest
-            except OSError as exc:
-                raise ConfigError(f"--input {path}: cannot read: {exc.strerror}") from None
-            with handle:
-                ingest_jsonl(session, handle, path)
-    return Session
+    return store_of_exports(inputs, "--input")
 
 
 def register(subparsers: Any) -> None:
