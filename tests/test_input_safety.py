@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import one_error_line
 from sqlalchemy import select
 from store_content import fresh_database, pg_base_url
 
@@ -33,13 +34,6 @@ from matrix.text import markdown_text, store_text, terminal_text
 from matrix_cli.main import main
 
 HOSTILE = "\x1b[31mred\x1b[0m \x07 | <b>`x`</b>\n::error::forged\r##[group]g"
-
-
-def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from cli_support import one_error_line
 from report_store import Store
 
 from dashboards.render import write_site
@@ -87,13 +88,6 @@ def write(tmp_path: Path, text: str = PAPER) -> Path:
     path = tmp_path / "paper.toml"
     path.write_text(text)
     return path
-
-
-def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 # -- the file ------------------------------------------------------------------------------------------
