@@ -118,10 +118,8 @@ def _workloads_table(comparison: Comparison) -> list[str]:
         w = row.workload
         values = []
         for metric in metrics:
-            ours = row.ours[metric]
-            text = format_value(metric, ours.value)
-            if ours.value is None and w.ours and ours.missing:
-                text += f" ({ours.missing})"
+            ours = row.ours[metric]  # why it is missing, for a workload we have
+            text = measured_text(metric, ours) if w.ours else format_value(metric, ours.value)
             if metric in row.paper:
                 text += f" (paper {format_value(metric, row.paper[metric])})"
             values.append(text)
