@@ -55,6 +55,18 @@ def test_the_plan_lists_what_no_part_recorded_in_run_order(parts, tmp_path) -> N
     text = run_script("gpu/head_plan.py", "--sha", SHA, "--modes", "grace", *map(str, parts), cwd=tmp_path)
     assert text.stdout.startswith(f"head-{SHA[:12]} at {SHA}: 2 of {len(names)}")
     assert f"next: --workloads {','.join(names[2:])} --modes grace --label head-{SHA[:12]}" in text.stdout
+    exports = [str(p) for p in parts]
+    args = run_script(
+        "gpu/head_plan.py", "--sha", SHA, "--modes", "grace,pt2cg", "--next-args", *exports, cwd=tmp_path
+    )
+    assert args.stdout.splitlines() == [
+        "--workloads",
+        ",".join(names[1:]),
+        "--modes",
+        "grace,pt2cg",
+        "--label",
+        f"head-{SHA[:12]}",
+    ]  # what session.sh's step head passes to run_suites.sh
 
 
 def test_a_label_that_mixes_commits_is_refused(parts, tmp_path) -> None:

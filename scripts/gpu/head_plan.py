@@ -8,7 +8,7 @@ prints what the next call must run: the workloads, in run order, that still lack
 performance record in some mode, as the ``--workloads`` list of ``scripts/gpu/session.sh suites``.
 
 usage: python scripts/gpu/head_plan.py --sha SHA [--label L] [--tier standard] [--modes M,...]
-                                       [--json] EXPORT...
+                                       [--json | --next-args] EXPORT...
 
 A (workload, mode) is done when the label's runs hold both of its records, whatever their status: a
 failure is a result, not a gap (rerunning it at the same commit would only hide it). Exit status: 0 when
@@ -27,9 +27,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.errors import ConfigError
-from matrix.store.db import open_store
 from matrix.store.models import CorrectnessResult, PerformanceResult, Run, Workload
-from matrix.transfer import ingest_jsonl
+from matrix.transfer import store_of_exports
 from suites.modes import SPECS, Mode
 
 COMPLETE = 3
@@ -46,6 +45,12 @@ class Plan:
     wanted: int
     next_workloads: tuple[str, ...]
     missing: dict[str, list[str]]  # workload -> modes without both records
+    next_modes: tuple[str, ...] = ()  # every mode some workload of the next call lacks, as asked for
+
+    def suites_arguments(self) -> list[str]:
+        """The next call's arguments for scripts/gpu/run_suites.sh."""
+        workloads, modes = ",".join(self.next_workloads), ",".join(self.next_modes)
+        return ["--workloads", workloads, "--modes", modes, "--label", self.label]
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -55,21 +60,9 @@ class Plan:
             "done": self.done,
             "wanted": self.wanted,
             "next_workloads": list(self.next_workloads),
+            "next_modes": list(self.next_modes),
             "missing": self.missing,
         }
-
-
-def load_exports(paths: Sequence[str]) -> Session:
-    Session_ = open_store("sqlite://")
-    session = Session_()
-    for path in paths:
-        try:
-            with open(path, "rb") as handle:
-                ingest_jsonl(session, handle, path)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    session.flush()
-    return session
 
 
 def recorded(session: Session, label: str, sha: str, tier: str) -> tuple[int, set[tuple[str, str, str]]]:
@@ -104,7 +97,9 @@ def plan(session: Session, label: str, sha: str, tier: str, modes: Sequence[str]
                 done += 1
             else:
                 missing.setdefault(name, []).append(mode)
-    return Plan(label, sha, runs, done, len(names) * len(modes), tuple(missing), missing)
+    lacking = {mode for left in missing.values() for mode in left}
+    next_modes = tuple(mode for mode in modes if mode in lacking)
+    return Plan(label, sha, runs, done, len(names) * len(modes), tuple(missing), missing, next_modes)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -114,6 +109,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tier", default="standard", choices=("smoke", "standard", "full"))
     parser.add_argument("--modes", default=",".join(GPU_MODES), help="default: every mode a GPU runs")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--next-args", action="store_true", help="print only run_suites.sh's arguments, one per line"
+    )
     parser.add_argument("exports", nargs="*", help="export files (grace-matrix export) holding its parts")
     return parser.parse_args(argv)
 
@@ -128,11 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown or not modes:
             raise ConfigError(f"--modes: {', '.join(unknown) or 'none'}; choose from {', '.join(GPU_MODES)}")
         label = args.label or f"head-{args.sha[:12]}"
-        result = plan(load_exports(args.exports), label, args.sha, args.tier, modes)
+        with store_of_exports(args.exports)() as session:
+            result = plan(session, label, args.sha, args.tier, modes)
     except ConfigError as exc:
         print(f"head_plan: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.next_args:
+        print("\n".join(result.suites_arguments()) if result.next_workloads else "", end="")
+    elif args.json:
         print(json.dumps(result.as_json(), indent=2))
     else:
         pairs = f"{result.done} of {result.wanted} (workload, mode) pairs"
@@ -140,8 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, left in result.missing.items():
             print(f"  {name}: {', '.join(left)}")
         if result.next_workloads:
-            workloads = ",".join(result.next_workloads)
-            print(f"next: --workloads {workloads} --modes {','.join(modes)} --label {label}")
+            print(f"next: {' '.join(result.suites_arguments())}")
     return 0 if result.next_workloads else COMPLETE
 
 

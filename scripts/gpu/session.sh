@@ -49,19 +49,16 @@ fi
 
 # One part of the head run (step head): plan from the exports so far, then run what is missing.
 head_part() {
-  local limit="$1" sha="${GRACE_MATRIX_GIT_SHA:-}" exports=() plan rc
+  local limit="$1" sha="${GRACE_MATRIX_GIT_SHA:-}" exports=() next=() plan rc
   local folder="${GRACE_HEAD_EXPORTS:-$REPO/results/head}"
   [[ -d "$folder" ]] && mapfile -t exports < <(find "$folder" -maxdepth 1 -name '*.jsonl' | sort)
-  plan="$(python scripts/gpu/head_plan.py --sha "$sha" --json "${exports[@]}")"
+  plan="$(python scripts/gpu/head_plan.py --sha "$sha" --next-args "${exports[@]}")"
   rc=$?
   if [[ $rc -eq 3 ]]; then log "head run at $sha: complete (${#exports[@]} part(s))"; return 0; fi
   [[ $rc -ne 0 ]] && return "$rc"
-  local workloads modes label
-  workloads="$(python -c 'import json,sys; print(",".join(json.load(sys.stdin)["next_workloads"]))' <<<"$plan")"
-  modes="$(python -c 'import json,sys; p=json.load(sys.stdin); print(",".join(dict.fromkeys(m for ms in p["missing"].values() for m in ms)))' <<<"$plan")"
-  label="head-${sha:0:12}"
-  log "head run at $sha: ${#exports[@]} part(s) so far; next: $workloads ($modes)"
-  OUT="$OUT" bash scripts/gpu/run_suites.sh --workloads "$workloads" --modes "$modes" --label "$label" \
+  mapfile -t next <<<"$plan"
+  log "head run at $sha: ${#exports[@]} part(s) so far; next: ${next[*]}"
+  OUT="$OUT" bash scripts/gpu/run_suites.sh "${next[@]}" \
     --samples "${GRACE_HEAD_SAMPLES:-30}" --budget-s "$((limit > 240 ? limit - 150 : limit / 3))" \
     --hard-limit-s "$((limit > 120 ? limit - 60 : limit / 2))"
 }
