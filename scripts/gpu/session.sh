@@ -11,6 +11,8 @@
 #   trainmem    scripts/gpu/train_memory.py $GRACE_TRAINMEM_ARGS (a training step's memory, phase by phase)
 #   profhang    scripts/gpu/profile_hang.py $GRACE_PROFHANG_ARGS (a training step under the profiler, each
 #               case in its own process with a time limit: which settings hang)
+#   writes      scripts/gpu/write_probe.py $GRACE_WRITES_ARGS (which mode sequence makes a training backward
+#               under grace write its saved tensors, with every Inductor lowering's donated inputs)
 #   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
 #   timeline    scripts/gpu/call_timeline.py $GRACE_TIMELINE_ARGS (a synchronised call's device timeline)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
@@ -110,6 +112,9 @@ for spec in "${STEPS[@]}"; do
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
     head)
       head_part "$limit" ;;
+    writes)
+      # shellcheck disable=SC2086  # GRACE_WRITES_ARGS holds several words on purpose
+      timeout -s INT -k 20 "$limit" python scripts/gpu/write_probe.py --out "$OUT/writes" ${GRACE_WRITES_ARGS:-} ;;
     fuzz)
       mkdir -p "$OUT/fuzz"
       FUZZ_DB="sqlite:///$OUT/fuzz/store.sqlite"
