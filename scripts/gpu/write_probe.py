@@ -33,11 +33,11 @@ from typing import Any
 DEFAULT_CASES = (
     "ind_grace=inductor,grace",
     "grace_only=grace",
-    "pt2cg_grace=pt2cg,grace",
-    "ind_pt2cg_grace=inductor,pt2cg,grace",
-    "ind_grace_reset=inductor,grace;reset",
     "ind_grace_nodonate=inductor,grace;donated_off",
     "grace_on_ind_cache=grace;cache=ind_grace",
+    "ind_grace_reset=inductor,grace;reset",
+    "pt2cg_grace=pt2cg,grace",
+    "ind_pt2cg_grace=inductor,pt2cg,grace",
 )
 
 
