@@ -9,9 +9,11 @@ backward, the donated backward inputs it was given (``bw_donated_idxs``), AOTAut
 relevant config at that moment, and the FX graph cache counters; and for grace, each slot's skips.
 
 Cases (``--cases``, each ``label=mode,mode[;setting]``): the modes run in order on deep copies of one
-model, three steps each, with no reset in between; a setting ``donated_off`` turns AOTAutograd's
-donated buffers off for the whole process, ``reset`` resets Dynamo between modes, ``cache=LABEL`` runs
-with the Inductor cache folder case LABEL left behind (each case has a fresh one otherwise).
+model, three steps each, with no reset in between. Settings: ``donated_off`` turns AOTAutograd's
+donated buffers off for the whole process; ``reset`` resets Dynamo between modes; ``harness`` takes the
+suites' own path (references, each mode's warm-up and correctness trace, then interleaved steps);
+``cache=LABEL`` runs with the Inductor cache folder case LABEL left behind (each case has a fresh one
+otherwise).
 
 Run from the repository root: ``python scripts/gpu/write_probe.py --out DIR --workload NAME``.
 Writes ``write_probe.json`` under ``--out`` after every case.
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_CASES = (
+    "suite_order=inductor,pt2cg,grace;harness",
+    "suite_pt2cg_grace=pt2cg,grace;harness",
     "ind_grace=inductor,grace",
     "grace_only=grace",
     "ind_grace_nodonate=inductor,grace;donated_off",
@@ -85,6 +89,10 @@ def run_case(workload: str, modes: list[str], settings: set[str], device: str) -
     events: list[dict[str, Any]] = []
     current = ["?"]
     _lowering_log(events, current)
+    if "harness" in settings:
+        found = _harness_case(workload, modes, device, current)
+        found["lowerings"] = events
+        return found
     model, inputs = get(workload).factory("standard")(torch.device(device), torch.float32)
     inputs = clone_inputs(tuple(inputs))
     out: dict[str, Any] = {"modes": {}}
@@ -102,12 +110,7 @@ def run_case(workload: str, modes: list[str], settings: set[str], device: str) -
         if device == "cuda":
             torch.cuda.synchronize()
         after = dict(counters["inductor"])
-        skips = [
-            (r.get("graph_id"), s["code"], s["detail"][:300])
-            for r in grace.stats.snapshot()
-            for s in r.get("skip_reasons", [])
-            if s["code"] == "unlisted_write"
-        ]
+        skips = _unlisted_writes()
         out["modes"][name] = {
             "losses": losses,
             "cache": {k: after.get(k, 0) - before.get(k, 0) for k in after if "cache" in k},
@@ -115,6 +118,55 @@ def run_case(workload: str, modes: list[str], settings: set[str], device: str) -
         }
         del step
     out["lowerings"] = events
+    return out
+
+
+def _unlisted_writes() -> list[tuple[Any, str, str]]:
+    import grace
+
+    return [
+        (r.get("graph_id"), s["code"], s["detail"][:300])
+        for r in grace.stats.snapshot()
+        for s in r.get("skip_reasons", [])
+        if s["code"] == "unlisted_write"
+    ]
+
+
+def _harness_case(workload: str, modes: list[str], device: str, current: list[str]) -> dict[str, Any]:
+    """The suites' own path: references, then per mode its compile and warm-up and its correctness
+    trace (suites.correctness), then five steps of each mode interleaved, as the timed samples run."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from suites.accuracy import load_tolerances
+    from suites.correctness import _evaluate_training
+    from suites.harness import PreparedWorkload
+    from suites.modes import Mode
+    from suites.workloads import get
+
+    prepared = PreparedWorkload(get(workload), "standard", torch.device(device), torch.float32)
+    prepared.load()
+    tolerances = load_tolerances()
+    out: dict[str, Any] = {"modes": {}}
+    for name in modes:
+        current[0] = name
+        before = dict(counters["inductor"])
+        record = _evaluate_training(prepared, Mode(name), tolerances)
+        after = dict(counters["inductor"])
+        out["modes"][name] = {
+            "status": str(getattr(record.status, "value", record.status)),
+            "reason": str(record.reason)[:300],
+            "cache": {k: after.get(k, 0) - before.get(k, 0) for k in after if "cache" in k},
+            "unlisted_writes": _unlisted_writes(),
+        }
+    with torch.no_grad():
+        for _ in range(5):
+            for name in modes:
+                entry = prepared.compiled_mode(Mode(name))
+                if entry.fn is not None:
+                    entry.fn(*entry.inputs)
+    out["after_samples"] = _unlisted_writes()
+    prepared.close()
     return out
 
 
