@@ -290,14 +290,29 @@ def compile_with_inductor(
 
 def inductor_patches(*, donation_off: bool) -> dict[str, Any]:
     """Inductor config for grace's compiles: its CUDA graphs off and, where donated buffers are off, its
-    FX graph cache too (``compile_with_inductor``)."""
+    FX graph cache too (``compile_with_inductor``). An environment variable can force that cache on over
+    any config patch (``TORCHINDUCTOR_FX_GRAPH_CACHE=1``, torch 2.11, 2.13); then every Inductor cache
+    is turned off for these compiles (``force_disable_caches``: Triton's kernels compile afresh)."""
     import torch._inductor.config as inductor_config
 
     patches: dict[str, Any] = {"triton.cudagraphs": False}
     if donation_off:
         caches = ("fx_graph_cache", "fx_graph_remote_cache")
         patches.update({name: False for name in caches if hasattr(inductor_config, name)})
+        if fx_graph_cache_forced_on() and hasattr(inductor_config, "force_disable_caches"):
+            patches["force_disable_caches"] = True
     return patches
+
+
+def fx_graph_cache_forced_on() -> bool:
+    """Whether Inductor's FX graph cache stays on under a config patch that turns it off (the
+    environment forces it)."""
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(inductor_config, "fx_graph_cache"):
+        return False
+    with inductor_config.patch(fx_graph_cache=False):
+        return bool(inductor_config.fx_graph_cache)
 
 
 def inductor_module_globals(output_code: Any) -> dict[str, Any] | None:
