@@ -57,6 +57,7 @@ def test_without_an_inner_graph_hook_the_fx_graph_cache_stays(monkeypatch: pytes
 _TRAIN_TWICE = """
 import json, torch, torch._dynamo
 from torch._dynamo.utils import counters
+from grace.compat import inductor_config
 from grace.compat import torch as torch_compat
 
 def train_twice(backend):
@@ -74,8 +75,8 @@ def graces(gm, inputs):
     )
 
 print(json.dumps({
-    "forced": torch_compat.fx_graph_cache_forced_on(),
-    "patches": torch_compat.inductor_patches(donation_off=True),
+    "forced": inductor_config.fx_graph_cache_forced_on(),
+    "patches": inductor_config.inductor_patches(donation_off=True),
     "inductor": train_twice("inductor"),
     "grace": train_twice(graces),
 }))

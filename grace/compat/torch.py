@@ -37,7 +37,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -46,6 +46,7 @@ import torch
 
 from grace.compat import aot as aot_compat
 from grace.compat.aot import InnerGraph
+from grace.compat.inductor_config import functorch_patched, inductor_patches
 
 logger = logging.getLogger(__name__)
 
@@ -239,22 +240,6 @@ def _make_inner_compile(record: InnerCompileRecord, on_graph: InnerGraphHook | N
     return grace_inner_compile
 
 
-@contextlib.contextmanager
-def _functorch_patched(wanted: bool, **values: Any) -> Iterator[None]:
-    """AOTAutograd's config with ``values`` for the options this torch has, when ``wanted``."""
-    if not wanted:
-        yield
-        return
-    try:
-        import torch._functorch.config as functorch_config
-    except Exception:
-        yield
-        return
-    present = {k: v for k, v in values.items() if hasattr(functorch_config, k)}
-    with functorch_config.patch(present):
-        yield
-
-
 def compile_with_inductor(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -276,8 +261,8 @@ def compile_with_inductor(
     # AOTAutograd's cache can skip the inner compile on a hit, and PI and ``on_graph`` need its output;
     # donated buffers let a backward reuse its saved tensors' memory, so it could not run twice.
     with (
-        _functorch_patched(need_inner_outputs or on_graph is not None, enable_autograd_cache=False),
-        _functorch_patched(on_graph is not None, donated_buffer=False),
+        functorch_patched(need_inner_outputs or on_graph is not None, enable_autograd_cache=False),
+        functorch_patched(on_graph is not None, donated_buffer=False),
     ):
         compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
             gm,
@@ -286,33 +271,6 @@ def compile_with_inductor(
             config_patches=inductor_patches(donation_off=on_graph is not None),
         )
     return compiled
-
-
-def inductor_patches(*, donation_off: bool) -> dict[str, Any]:
-    """Inductor config for grace's compiles: its CUDA graphs off and, where donated buffers are off, its
-    FX graph cache too (``compile_with_inductor``). An environment variable can force that cache on over
-    any config patch (``TORCHINDUCTOR_FX_GRAPH_CACHE=1``, torch 2.11, 2.13); then every Inductor cache
-    is turned off for these compiles (``force_disable_caches``: Triton's kernels compile afresh)."""
-    import torch._inductor.config as inductor_config
-
-    patches: dict[str, Any] = {"triton.cudagraphs": False}
-    if donation_off:
-        caches = ("fx_graph_cache", "fx_graph_remote_cache")
-        patches.update({name: False for name in caches if hasattr(inductor_config, name)})
-        if fx_graph_cache_forced_on() and hasattr(inductor_config, "force_disable_caches"):
-            patches["force_disable_caches"] = True
-    return patches
-
-
-def fx_graph_cache_forced_on() -> bool:
-    """Whether Inductor's FX graph cache stays on under a config patch that turns it off (the
-    environment forces it)."""
-    import torch._inductor.config as inductor_config
-
-    if not hasattr(inductor_config, "fx_graph_cache"):
-        return False
-    with inductor_config.patch(fx_graph_cache=False):
-        return bool(inductor_config.fx_graph_cache)
 
 
 def inductor_module_globals(output_code: Any) -> dict[str, Any] | None:
