@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from grace import pools
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import graph_summary
@@ -219,9 +220,8 @@ def capture_graph(
     placeholders, own = _capture_placeholders(
         args, dynamic_indices, static_indices, placeholders, borrow_inputs
     )
-    capture_args = list(args)
-    for i, placeholder in placeholders.items():
-        capture_args[i] = placeholder
+    pools.hand_back_before_capture()  # Note: [Hand back before a capture] in grace.pools
+    capture_args = [placeholders.get(i, a) for i, a in enumerate(args)]
     keep_graph = torch_compat.has_keep_graph()
     try:
         graph = torch_compat.new_cuda_graph(keep_graph=keep_graph)

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from grace import variants
+from grace import pools, variants
 from grace.capture import CapturedGraph, CaptureError
 from grace.compat import torch as torch_compat
 from grace.hostref import kept_copy, offload
@@ -170,6 +170,7 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     for variant, graph in graphs.items():
         if variant != decision.variant:
             graph.release()
+    pools.mark_hand_back_due()  # what this call's runs left cached (Note: [Hand back before a capture])
     if decision.variant == Variant.NO_GRAPH:
         if len(checks.candidates) > 1:
             detail = ", ".join(f"{k} {v:.4f} ms" for k, v in decision.medians_ms.items())

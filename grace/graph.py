@@ -433,6 +433,7 @@ def _reset(graph: Any) -> None:
         graph.reset()
     except Exception:
         logger.debug("grace: CUDAGraph.reset failed", exc_info=True)
+    pools.mark_hand_back_due()  # its pool's segments stay reserved until handed back (grace.pools)
 
 
 def _destroy(pristine: int | None) -> None:

@@ -16,7 +16,16 @@ ran back to the device, with one ``hand_back_cached_segments`` however many ther
 graph only marks its pool freeable, and until the allocator's cache is emptied the pool would stay
 reserved beside every later graph's. The runner calls it at the start of every call (two checks when
 nothing waits and nothing was released) and ``grace.reset()`` and eviction of callables after
-releasing.
+releasing. Every reset of a torch graph (a failed or declined capture too, grace.graph ``_reset``) and
+the end of every deciding call (whose reference, check and timing runs leave blocks cached in the
+default pool) mark the hand-back as due (``mark_hand_back_due``).
+
+Note: [Hand back before a capture] A capture allocates in a private pool, which cannot take memory the
+caching allocator holds cached for another pool: what a deciding call's no-graph runs and a declined
+capture left cached would stay reserved beside the new pool, and the device footprint of a training
+step's deciding calls would be the sum of them all. So ``hand_back_before_capture`` returns every
+unused cached segment to the device right before each capture (once per capture, under
+``capture_lock``), and the capture's pool takes that memory.
 
 Invariants:
 - a pool is released only once every storage its outputs had is dead, so no memory a caller can still
@@ -65,6 +74,20 @@ def release_when_unheld(storages: Sequence[Any], release: Callable[[], None]) ->
     with _lock:
         _waiting.append(entry)
     return False
+
+
+def mark_hand_back_due() -> None:
+    """A graph was reset or a deciding call ended: hand cached segments back at the next chance."""
+    global _hand_back_due
+    _hand_back_due = True
+
+
+def hand_back_before_capture() -> None:
+    """Note: [Hand back before a capture]; never while another thread captures."""
+    global _hand_back_due
+    with torch_compat.capture_lock:
+        _hand_back_due = False
+        torch_compat.hand_back_cached_segments()
 
 
 def release_unheld() -> int:

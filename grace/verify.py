@@ -14,7 +14,7 @@ place: no second device copy of the outputs is ever alive beside the graph's own
 memory], docs/design/runtime.md). A mutating callable runs the graph first, keeps a copy of what it produced
 (outputs and mutated inputs, in host memory when large), restores the mutated inputs and runs the no-graph
 callable. Each no-graph run starts and ends without a cuBLAS workspace (Note: [cuBLAS workspaces] in
-grace.capture).
+grace.capture), and what it leaves cached goes back to the device at the next call (grace.pools).
 The runner calls it on the deciding call's returned replay, on the first steady call, and on the first
 call whose dynamic inputs sit at other addresses than at the decision: a handful of extra no-graph runs
 per graph, none per steady call.
@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from grace import pools
 from grace.capture import CapturedGraph
 from grace.compat import torch as torch_compat
 from grace.hostref import kept_copy, offload
@@ -125,4 +126,5 @@ def _no_graph_run(compiled: Callable[..., Any], args: Sequence[Any], device: tor
     reference = compiled(*args)
     synchronize(device)
     torch_compat.clear_cublas_workspaces()
+    pools.mark_hand_back_due()  # its blocks stay cached once it dies (Note: [Hand back before a capture])
     return reference

@@ -427,3 +427,49 @@ def test_pools_released_together_are_handed_back_to_the_device_once(monkeypatch:
     assert hand_backs == [1]
     pools.release_unheld()
     assert hand_backs == [1]
+
+
+def test_resets_and_extra_runs_hand_cached_segments_back_and_a_capture_does_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note: [Hand back before a capture] (grace.pools): resetting any torch graph (a declined capture
+    among them) and a check's no-graph run make the next call hand the cache back; a capture hands it
+    back before it allocates its pool, whatever is due."""
+    import grace.graph
+    import grace.verify
+    from grace.compat import torch as torch_compat
+
+    events: list[str] = []
+    monkeypatch.setattr(torch_compat, "hand_back_cached_segments", lambda: events.append("hand back"))
+    pools.release_unheld()  # whatever earlier tests left due
+    events.clear()
+
+    class _Graph:
+        def reset(self) -> None:
+            events.append("reset")
+
+    grace.graph._reset(_Graph())
+    pools.release_unheld()
+    pools.release_unheld()
+    assert events == ["reset", "hand back"]
+    events.clear()
+    grace.verify._no_graph_run(lambda x: x + 1, [torch.ones(2)], None)
+    pools.release_unheld()
+    assert events == ["hand back"]
+    events.clear()
+
+    def no_graph(**_: Any) -> Any:
+        events.append("new graph")
+        raise RuntimeError("no device")
+
+    monkeypatch.setattr(torch_compat, "new_cuda_graph", no_graph)
+    with pytest.raises(grace.capture.CaptureError):
+        grace.capture.capture_graph(
+            lambda x: x,
+            [torch.ones(2)],
+            device=torch.device("cpu"),
+            dynamic_indices=[0],
+            static_indices=[],
+            mutated_indices=[],
+        )
+    assert events == ["hand back", "new graph"]
