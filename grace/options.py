@@ -22,6 +22,7 @@ from typing import Any
 CACHE_DIR_ENV = "GRACE_CACHE_DIR"
 PI_TABLE_UPDATES = ("copy", "node")  # values of GraceOptions.pi_table_update
 PI_VENDOR_UPDATES = ("host", "device")  # values of GraceOptions.pi_vendor_update
+TRAINING_OUTPUT_SETS = 16  # GraceOptions.max_output_sets=None for a training step's forward and backward
 
 
 class GraceOptionsError(ValueError):
@@ -102,8 +103,10 @@ class GraceOptions:
             is counted to hold (a forward's saved tensors while its backward is pending, a layer's
             gradients that are a ``.grad``, outputs held within one call), the graph is captured once
             more with outputs of its own, up to this many in all; past it, such calls run without the
-            graph. 1 (the default until a run of the training suites with more sets finishes on a GPU:
-            docs/design/training.md) keeps one set. Each set is a graph with its own memory pool.
+            graph. Each set is a graph with its own memory pool. None (the default) gives the forward
+            and backward graphs of a training step ``TRAINING_OUTPUT_SETS`` (one compiled layer called
+            for every layer of a model needs one set per layer: docs/design/training.md) and every
+            other graph one set.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -137,7 +140,7 @@ class GraceOptions:
     max_recaptures: int = 3
     rebind: bool = True
     max_rebinds: int = 64
-    max_output_sets: int = 1
+    max_output_sets: int | None = None
     training: bool = True
 
     def __post_init__(self) -> None:
@@ -162,13 +165,15 @@ class GraceOptions:
             "warmup_calls": 0,
             "max_recaptures": 0,
             "max_rebinds": 0,
-            "max_output_sets": 1,
             "host_reference_bytes": 0,
         }
         for name, low in minimums.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise GraceOptionsError(f"GraceOptions.{name} must be an int >= {low}, got {value!r}")
+        sets = self.max_output_sets
+        if sets is not None and (isinstance(sets, bool) or not isinstance(sets, int) or sets < 1):
+            raise GraceOptionsError(f"GraceOptions.max_output_sets must be an int >= 1 or None, got {sets!r}")
         margin = self.scg_margin
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise GraceOptionsError(f"GraceOptions.scg_margin must be a number in [0, 1), got {margin!r}")
@@ -178,6 +183,12 @@ class GraceOptions:
                 raise GraceOptionsError(f"GraceOptions.{name} must be one of {list(choices)}, got {value!r}")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise GraceOptionsError(f"GraceOptions.cache_dir must be a path or None, got {self.cache_dir!r}")
+
+    def output_sets(self, *, training: bool) -> int:
+        """Option ``max_output_sets`` for a training step's graph (``training``) or any other graph."""
+        if self.max_output_sets is not None:
+            return self.max_output_sets
+        return TRAINING_OUTPUT_SETS if training else 1
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from grace import decide as deciding
 from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
+from grace.compat.aot import GraphRole
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.recent import RecentSlot
 from grace.rerun import CallStart, input_versions
@@ -198,7 +199,8 @@ class GraphSlot:
             if self.kept[i].graph.held_outputs(generation) is HeldState.NONE:
                 self._swap_in(self.kept.pop(i))
                 return self.run(args)
-        if 1 + len(same_inputs) >= self.runner.options.max_output_sets:
+        training = self.runner.plan.role is not GraphRole.INFERENCE
+        if 1 + len(same_inputs) >= self.runner.options.output_sets(training=training):
             return self._run_outputs_held(args)
         self._keep_current()
         return self.decide(args)

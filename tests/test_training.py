@@ -16,7 +16,7 @@ import grace.slot
 from grace import stats
 from grace.compat import aot as aot_compat
 from grace.compat.aot import GraphRole, InnerGraph
-from grace.options import GraceOptions
+from grace.options import TRAINING_OUTPUT_SETS, GraceOptions, GraceOptionsError
 from grace.runner import GraceRunner, RunnerPlan
 from grace.training import TrainingGraphs, boxed, inner_facts, unboxed
 
@@ -35,7 +35,7 @@ def _training_runner(
     generation: list[int],
     kept_from: int,
     role: GraphRole,
-    output_sets: int = 1,
+    output_sets: int | None = 1,
 ) -> tuple[GraceRunner, list[list[torch.Tensor]]]:
     """A runner over real CapturedGraphs whose two outputs are ``x * 2`` (what the caller gets) and
     ``x + 1`` (what a forward saves for its backward); each capture has outputs of its own, listed in
@@ -123,6 +123,39 @@ def test_a_backward_never_replays_over_gradients_still_held(monkeypatch: pytest.
     torch.testing.assert_close(last[1], xs[3] + 1)
     (record,) = stats.snapshot()
     assert (record["held_output_calls"], record["graph_launches"]) == (1, 2)
+
+
+def test_by_default_a_training_graph_takes_output_sets_and_other_graphs_one() -> None:
+    """``max_output_sets=None`` resolves by the graph's role; an explicit bound applies to every graph."""
+    default = GraceOptions()
+    assert default.max_output_sets is None
+    assert default.output_sets(training=True) == TRAINING_OUTPUT_SETS > 1
+    assert default.output_sets(training=False) == 1
+    assert GraceOptions(max_output_sets=3).output_sets(training=True) == 3
+    assert GraceOptions(max_output_sets=3).output_sets(training=False) == 3
+    for bad in (0, True, 2.0, "4"):
+        with pytest.raises(GraceOptionsError, match="max_output_sets"):
+            GraceOptions(max_output_sets=bad)  # type: ignore[arg-type]
+
+
+def test_a_forward_with_default_options_captures_a_set_for_a_second_pending_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two micro-batches before one backward: with the default options the second forward gets a set of
+    its own instead of running without the graph, and the first one's saved tensor stays intact."""
+    generation = [1]
+    runner, sets = _training_runner(monkeypatch, generation, 1, GraphRole.FORWARD, output_sets=None)
+    xs = [torch.full((2, 3), float(k)) for k in range(3)]
+    runner(xs[0])  # warm-up
+    generation[0] = 2
+    _, saved_a = runner(xs[1])
+    generation[0] = 3
+    _, saved_b = runner(xs[2])
+    assert len(sets) == 2 and saved_b.data_ptr() == sets[1][1].data_ptr()
+    torch.testing.assert_close(saved_a, xs[1] + 1)
+    torch.testing.assert_close(saved_b, xs[2] + 1)
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 0
 
 
 def test_a_forward_whose_saved_tensors_are_held_replays_another_output_set(
