@@ -239,14 +239,23 @@ def count_differences(reference: Any, candidate: Any) -> int:
 
 
 def max_abs_difference(reference: Any, candidate: Any) -> float:
-    """The largest ``|reference - candidate|`` in float64 (NaN counts as infinite), chunk by chunk."""
+    """The largest ``|reference - candidate|`` in float64, chunk by chunk. Elements that are equal count
+    zero, equal infinities and two NaNs among them (as ``isclose(equal_nan=True)`` has them); a NaN
+    against anything else, or an infinity against another value, counts as infinite."""
     import torch
 
-    worst = [
-        torch.nan_to_num((ref.double() - cand.double()).abs(), nan=math.inf).max()
-        for ref, cand in _chunk_pairs(reference, candidate)
-    ]
+    worst = [_abs_difference(ref, cand).max() for ref, cand in _chunk_pairs(reference, candidate)]
     return float(torch.stack(worst).max()) if worst else 0.0
+
+
+def _abs_difference(reference: Any, candidate: Any) -> Any:
+    """Element-wise difference for ``max_abs_difference``: ``inf - inf`` is NaN, which must not make two
+    equal infinities look infinitely far apart."""
+    import torch
+
+    ref, cand = reference.double(), candidate.double()
+    same = (ref == cand) | (ref.isnan() & cand.isnan())
+    return torch.nan_to_num((ref - cand).abs(), nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
 
 
 def output_devices(value: Any) -> tuple[str, ...]:

@@ -143,3 +143,24 @@ def test_a_lone_integer_value_may_never_differ() -> None:
     seed = torch.tensor(1234)
     assert flip_allowances([seed, torch.zeros(999, dtype=torch.bool)]) == {}
     assert flip_allowances([seed, torch.zeros(1000, dtype=torch.bool)]) == {"[1]": 1.0}
+
+
+def test_equal_infinities_are_no_noise_and_excuse_no_wrong_value() -> None:
+    """Two runs that agree, an attention mask's -inf included, measure no spread; one that differs by
+    0.5 beside equal infinities measures 4 x 0.5, not infinity, so a candidate 10 off still fails. NaN
+    against a number and an infinity against a number stay infinitely far apart."""
+    from grace.noise import run_to_run_noise
+    from grace.scg import max_abs_difference
+
+    masked = torch.tensor([[0.0, -torch.inf], [1.0, torch.nan]])
+    assert run_to_run_noise((masked,), (masked.clone(),)) == {}
+    shifted = masked.clone()
+    shifted[1, 0] += 0.5
+    noise = run_to_run_noise((masked,), (shifted,))
+    assert noise == {"[0]": NOISE_FACTOR * 0.5}
+    wrong = masked.clone()
+    wrong[1, 0] += 10.0
+    assert "max abs difference 10" in (outputs_match((masked,), (wrong,), noise=noise) or "")
+    assert max_abs_difference(torch.tensor([torch.nan]), torch.tensor([1.0])) == float("inf")
+    assert max_abs_difference(torch.tensor([-torch.inf]), torch.tensor([1.0])) == float("inf")
+    assert max_abs_difference(torch.tensor([torch.inf]), torch.tensor([-torch.inf])) == float("inf")
