@@ -10,7 +10,8 @@ inputs the call found (``grace.rerun.CallStart.restore``, as every extra run sta
 no-graph runs differ, the callable's own spread at that output or written input (``run_to_run_noise``,
 times ``NOISE_FACTOR``; written inputs are named under ``MUTATED``) is allowed there in every later
 check of the slot. A wrong result (stale inputs, a wrong pointer) differs by far more than the
-callable's own spread; where two runs agree, nothing is allowed beyond the dtype's tolerance.
+callable's own spread; where two runs agree (equal infinities count as agreeing), nothing is allowed
+beyond the dtype's tolerance, nor where they differ by a NaN or an infinity (no finite spread).
 
 Note: [Flips beside noise]
 An integer or boolean output computed from noisy floats flips where a float lies within the spread of
@@ -34,6 +35,7 @@ caller gets is a later one, itself started from a restore).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,13 +53,14 @@ FLIP_FRACTION = 1e-3  # Note: [Flips beside noise]
 
 def run_to_run_noise(first: Any, second: Any, at: str = "") -> dict[str, float]:
     """Per floating-point tensor of two runs' outputs, by its place in the structure (``""`` for a lone
-    tensor), ``NOISE_FACTOR`` times their largest difference, where they differ."""
+    tensor), ``NOISE_FACTOR`` times their largest difference, where they differ by a finite amount: a
+    NaN or an infinity in one run only is no spread a check could allow (it would allow any value)."""
     if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
         same_layout = first.shape == second.shape and first.dtype == second.dtype
         if not (same_layout and first.dtype.is_floating_point):
             return {}
         worst = max_abs_difference(first, second)
-        return {at: NOISE_FACTOR * worst} if worst > 0 else {}
+        return {at: NOISE_FACTOR * worst} if 0 < worst < math.inf else {}
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)) and len(first) == len(second):
         found: dict[str, float] = {}
         for i, (a, b) in enumerate(zip(first, second, strict=True)):
