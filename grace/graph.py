@@ -89,6 +89,7 @@ class CapturedGraph:
     rebinding: PristineCopy = field(default_factory=PristineCopy)
     origin: CapturedGraph | None = None  # the captured graph this one was rebound from
     _output_spans: list[tuple[int, int]] | None = None
+    _outputs_need_grad: bool = False  # an output in the pool requires grad (never, but then: _alias)
 
     @classmethod
     def assemble(
@@ -148,6 +149,7 @@ class CapturedGraph:
             family=OutputFamily.of(outputs, aliases, device, kept_from) if count_outputs else OutputFamily(),
             rebinding=PristineCopy(pristine, dict(static_spans or {}), dict(capture_spans or {})),
             origin=origin,
+            _outputs_need_grad=any(isinstance(o, torch.Tensor) and o.requires_grad for o in outputs),
         )
 
     @classmethod
@@ -370,10 +372,10 @@ class CapturedGraph:
         if clone:
             outs = [o.clone() if i in pooled else o for i, o in enumerate(outs)]
         elif self.outputs_owner.family.hands_out_aliases:
-            outs = [
-                o.as_strided(o.size(), o.stride(), o.storage_offset()) if i in pooled else o
-                for i, o in enumerate(outs)
-            ]
+            if len(pooled) == len(outs) and not self._outputs_need_grad:
+                outs = [o.detach() for o in outs]  # _alias, without a frame per output
+            else:
+                outs = [_alias(o) if i in pooled else o for i, o in enumerate(outs)]
         for alias in self.aliases:
             real = args[alias.input_index]
             static = outs[alias.position]
@@ -426,6 +428,17 @@ class CapturedGraph:
             _destroy(pristine)
 
         pools.release_when_unheld([ref for ref, _ in family.refs], release_pool)
+
+
+def _alias(output: torch.Tensor) -> torch.Tensor:
+    """A new tensor over an output's memory, handed out instead of the graph's own (Note: [Outputs held
+    within one call] in grace.outputs): ``detach`` makes it in one step, with the same sizes, strides,
+    offset and version counter, and no view of the graph's tensor (so autograd's rules for views made
+    inside a Function do not apply to it, as they do not to a fresh tensor). A pool output never
+    requires grad; one that would keeps a view, so that nothing is cut from autograd."""
+    if output.requires_grad:
+        return output.as_strided(output.size(), output.stride(), output.storage_offset())
+    return output.detach()
 
 
 def _reset(graph: Any) -> None:

@@ -186,6 +186,7 @@ class OutputFamily:
     released: bool = False
     for_autograd: bool = False
     kept: tuple[bool, ...] = ()
+    _held_checks: tuple[Any, Any] | None = field(default=None, repr=False)  # built from refs (_checks)
 
     @classmethod
     def of(
@@ -202,15 +203,22 @@ class OutputFamily:
         return cls(refs=refs, for_autograd=True, kept=kept_storages(outputs, aliases, device, kept_from))
 
     def counted_held(self) -> bool:
-        return any(torch_compat.storage_use_count(ref) > own for ref, own in self.refs)
+        check = self._held_checks
+        if check is None:
+            check = self._held_checks = self._checks()
+        return check[0]()
 
     def kept_held(self) -> bool:
         """Whether something (autograd's saved tensors, a gradient) holds an output it keeps past the call."""
-        return any(
-            torch_compat.storage_use_count(ref) > own
-            for (ref, own), kept in zip(self.refs, self.kept, strict=False)
-            if kept
-        )
+        check = self._held_checks
+        if check is None:
+            check = self._held_checks = self._checks()
+        return check[1]()
+
+    def _checks(self) -> tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld]:
+        """The held checks over every storage of ``refs`` and over the kept ones, built once per ``refs``."""
+        kept = [pair for pair, keeps in zip(self.refs, self.kept, strict=False) if keeps]
+        return torch_compat.StoragesHeld(self.refs), torch_compat.StoragesHeld(kept)
 
     @property
     def hands_out_aliases(self) -> bool:
@@ -272,6 +280,7 @@ class OutputFamily:
                 new = fresh[id(tensor)] = tensor.detach()  # a new tensor of the storage, no view of the old
             outputs[position] = new
         new_impls = Counter(_storage_ptr(t) for t in fresh.values())
+        self._held_checks = None  # the counts below replace the refs'
         if len(keys) == len(self.refs):
             self.refs = [
                 (ref, own - old_impls[key] + new_impls[key])

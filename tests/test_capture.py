@@ -177,6 +177,25 @@ def test_outputs_sharing_a_storage_are_one_held_storage_and_counted_once() -> No
     assert not graph.would_overwrite_held_outputs(3)
 
 
+def test_an_alias_is_a_new_tensor_of_the_outputs_memory_and_no_view_of_it() -> None:
+    """What a replay hands out for a pool output: the same memory, sizes, strides, offset and version
+    counter as the graph's own tensor, no view of it (``_base`` None, as a fresh tensor), and no
+    requires-grad output is ever cut from autograd (that one stays a view)."""
+    from grace.graph import _alias
+
+    own = torch.arange(24.0).reshape(4, 6)[1:, ::2]
+    alias = _alias(own)
+    assert alias is not own and alias._base is None and not alias._is_view()
+    assert (alias.data_ptr(), alias.size(), alias.stride()) == (own.data_ptr(), own.size(), own.stride())
+    assert alias.storage_offset() == own.storage_offset()
+    before = own._version
+    alias.add_(1.0)
+    assert own._version > before  # one version counter: autograd sees writes through either
+    torch.testing.assert_close(own, alias)
+    wants_grad = torch.ones(3, requires_grad=True)
+    assert _alias(wants_grad).requires_grad
+
+
 def test_clone_outputs_copies_the_pools_outputs_and_returns_views_of_inputs_as_views() -> None:
     """``clone_outputs`` promises the caller copies of what lives in the graph's pool; an output that
     views the caller's input (or a static input) is a view in eager, so it stays one: a later in-place

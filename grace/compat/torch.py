@@ -35,6 +35,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import operator
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -178,6 +179,21 @@ def compiled_call_generation() -> int:
 def storage_use_count(ref: Any) -> int:
     """Tensors (and Python storage objects) holding the storage of a ``StorageWeakRef``'s ``cdata``."""
     return int(torch._C._storage_Use_Count(ref.cdata))
+
+
+class StoragesHeld:
+    """Whether any of some storages is held by more than its own count, given ``(StorageWeakRef, own
+    count)`` pairs: the steady replay's check over many outputs, run as C loops (no Python frame per
+    storage)."""
+
+    __slots__ = ("cdatas", "owns")
+
+    def __init__(self, pairs: Sequence[tuple[Any, int]]) -> None:
+        self.cdatas = [ref.cdata for ref, _ in pairs]
+        self.owns = [own for _, own in pairs]
+
+    def __call__(self) -> bool:
+        return any(map(operator.gt, map(torch._C._storage_Use_Count, self.cdatas), self.owns))
 
 
 def storage_weak_ref(tensor: torch.Tensor) -> Any:
