@@ -7,13 +7,17 @@ that grow with the number of inputs:
 - choosing the graph slot: ``GraceRunner.signature`` + the slot lookup (the full path) against the
   recent-slot check of the same runner (``_RecentSlot.matches``), side by side in one run;
 - ``PiPlan.update``: gathering the inputs' addresses and building the pointer table's values (the
-  table itself is a stand-in that keeps the values; its device copy is not part of this measure).
+  table itself is a stand-in that keeps the values; its device copy is not part of this measure);
+- the output handover after a replay, for a graph of ``--outputs`` outputs that autograd keeps (a
+  training forward's saved tensors): the held check and the aliases handed out
+  (``CapturedGraph.held_outputs`` + ``collect_outputs``), against the same two steps done as grace did
+  them before (a Python use-count check per storage, ``as_strided`` aliases), in one run.
 
 Each figure is the median of ``--rounds`` raw samples (each the mean of ``--calls`` calls); the two
 slot paths are sampled in a seeded random order per round. ``--json`` prints one machine-readable line
 with the raw samples. Usage::
 
-    python scripts/bench_host_path.py [--inputs 64] [--rounds 30] [--calls 2000] [--json]
+    python scripts/bench_host_path.py [--inputs 64] [--outputs 100] [--rounds 30] [--calls 2000] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 
 import torch
 
+from grace.compat import torch as torch_compat
+from grace.graph import CapturedGraph
 from grace.options import GraceOptions
 from grace.pi import plan as pi_plan
 from grace.runner import GraceRunner, RunnerPlan, _RecentSlot
@@ -47,6 +53,40 @@ class _ValuesTable:
         return True
 
 
+class _NoReplay:
+    def replay(self) -> None:
+        pass
+
+
+def _handover_paths(outputs: int) -> dict[str, Callable[[], Any]]:
+    """The output handover of a graph whose ``outputs`` autograd keeps, now and as it was done before."""
+    own = [torch.empty(64) for _ in range(outputs)]
+    graph = CapturedGraph.assemble(
+        graph=_NoReplay(),
+        device=torch.device("cpu"),
+        placeholders={},
+        copy_indices=(),
+        mutated_indices=(),
+        outputs=list(own),
+        output_container="list",
+        aliases=(),
+        static_indices=(),
+        static_ptrs=[],
+        kept_from=0,
+    )
+    refs = graph.outputs_owner.family.refs
+
+    def handover() -> Any:
+        graph.held_outputs(1)
+        return graph.collect_outputs((), False)
+
+    def handover_before() -> Any:
+        any(torch_compat.storage_use_count(ref) > count for ref, count in refs)
+        return [o.as_strided(o.size(), o.stride(), o.storage_offset()) for o in graph.outputs]
+
+    return {"output_handover": handover, "output_handover_before": handover_before}
+
+
 def _sample(fn: Callable[[], Any], calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
@@ -54,7 +94,7 @@ def _sample(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def bench(inputs: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]:
+def bench(inputs: int, rounds: int, calls: int, seed: int = 0, outputs: int = 100) -> dict[str, Any]:
     args = [torch.empty(1024) for _ in range(inputs)]
     plan = RunnerPlan(
         graph_hash="bench",
@@ -79,6 +119,7 @@ def bench(inputs: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]
         "slot_full_signature": lambda: slots.get(runner.signature(args)),
         "slot_recent_check": lambda: recent.matches(args),
         "pi_update": lambda: pi.update(args),
+        **_handover_paths(outputs),
     }
     for fn in paths.values():
         fn()
@@ -93,13 +134,18 @@ def bench(inputs: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]
     ratio = statistics.median(
         r / f for r, f in zip(samples["slot_recent_check"], samples["slot_full_signature"], strict=True)
     )
+    handover_ratio = statistics.median(
+        n / b for n, b in zip(samples["output_handover"], samples["output_handover_before"], strict=True)
+    )
     return {
         "inputs": inputs,
+        "outputs": outputs,
         "rounds": rounds,
         "calls_per_sample": calls,
         "torch": torch.__version__,
         "median_us": medians,
         "recent_over_full": ratio,
+        "handover_over_before": handover_ratio,
         "samples_us": samples,
     }
 
@@ -107,13 +153,14 @@ def bench(inputs: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=64)
+    parser.add_argument("--outputs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
-    if ns.inputs < 1 or ns.rounds < 1 or ns.calls < 1:
-        parser.error("--inputs, --rounds and --calls must be positive")
-    result = bench(ns.inputs, ns.rounds, ns.calls)
+    if ns.inputs < 1 or ns.outputs < 1 or ns.rounds < 1 or ns.calls < 1:
+        parser.error("--inputs, --outputs, --rounds and --calls must be positive")
+    result = bench(ns.inputs, ns.rounds, ns.calls, outputs=ns.outputs)
     if ns.json:
         print(json.dumps(result))
         return 0
@@ -123,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  slot choice, recent check:   {m['slot_recent_check']:8.2f} us")
     print(f"    ratio (paired, median):    {result['recent_over_full']:8.3f}")
     print(f"  PiPlan.update:               {m['pi_update']:8.2f} us")
+    print(f"  {ns.outputs} outputs handed over:     {m['output_handover']:8.2f} us")
+    print(f"    as done before:            {m['output_handover_before']:8.2f} us")
+    print(f"    ratio (paired, median):    {result['handover_over_before']:8.3f}")
     return 0
 
 
