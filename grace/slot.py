@@ -190,9 +190,10 @@ class GraphSlot:
         Eager would allocate fresh outputs; a graph has one set. So the slot keeps several graphs of
         the same signature and static inputs, each with outputs of its own (in ``kept``, beside the
         graphs of other static addresses): this call replays one whose outputs nothing holds, or, while
-        the slot has fewer than option ``max_output_sets`` for these static inputs, makes a new one
-        with a deciding call of its own (captured, checked against the no-graph run, the slot's
-        previous decision kept when it passes); past that bound it runs without a graph. A graph
+        the slot has fewer than option ``max_output_sets`` for these static inputs
+        (``GraceOptions.output_sets``: 16 for a training step's graphs by default, 1 for others), makes
+        a new one with a deciding call of its own (captured, checked against the no-graph run, the
+        slot's previous decision kept when it passes); past that bound it runs without a graph. A graph
         replays only when nothing holds its own outputs, as before; the sets never share memory."""
         same_inputs = [i for i, kept in enumerate(self.kept) if kept.graph.static_inputs_unmoved(args)]
         for i in reversed(same_inputs):
