@@ -207,6 +207,7 @@ def capture_graph(
     borrow_inputs: bool = False,
     keep_pristine: bool = False,
     kept_from: int | None = None,
+    pool_group: pools.PoolGroup | None = None,
 ) -> CapturedGraph:
     """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
 
@@ -216,6 +217,7 @@ def capture_graph(
     only for PI graphs, where ``borrow_blocker`` finds nothing; an output viewing an input raises
     ``CaptureError``. ``keep_pristine``: keep a copy of the graph as before the hooks (grace.rebind),
     where this torch keeps the captured graph. ``kept_from``: Note: [Outputs autograd keeps].
+    ``pool_group``: capture into its pool and join it (Note: [Output sets in one pool] in grace.pools).
     """
     placeholders, own = _capture_placeholders(
         args, dynamic_indices, static_indices, placeholders, borrow_inputs
@@ -228,19 +230,12 @@ def capture_graph(
     except Exception as exc:
         raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"CUDAGraph(): {exc}")) from exc
     hook_errors: list[BaseException] = []
-    outputs = _record(
-        fn, capture_args, graph, device, hooks if not keep_graph else (), placeholders, hook_errors
-    )
+    in_capture = hooks if not keep_graph else ()
+    outputs = _record(fn, capture_args, graph, device, in_capture, placeholders, hook_errors, pool_group)
     pristine = _pristine_copy(graph) if keep_graph and keep_pristine else None
     if keep_graph:
         _instantiate(graph, device, hooks, placeholders, hook_errors, pristine)
-    if hook_errors:
-        _reset(graph)
-        _destroy(pristine)
-        first = hook_errors[0]
-        raise CaptureError(
-            SkipReason(SkipCode.CAPTURE_FAILED, f"graph hook: {type(first).__name__}: {first}")
-        )
+    _raise_hook_errors(hook_errors, graph, pristine)
     container, out_list = _output_list(outputs)
     del outputs  # the same tensors as out_list: only the graph holds them from here on
     try:
@@ -253,7 +248,7 @@ def capture_graph(
         _destroy(pristine)
         raise
     copy_indices = tuple(sorted(placeholders))
-    return CapturedGraph.assemble(
+    captured = CapturedGraph.assemble(
         graph=graph,
         device=device,
         placeholders=placeholders,
@@ -273,6 +268,20 @@ def capture_graph(
         capture_spans={i: StorageSpan.of(p) for i, p in placeholders.items()},
         kept_from=kept_from,
     )
+    if pool_group is not None:
+        captured.join_pool_group(pool_group)
+    return captured
+
+
+def _raise_hook_errors(hook_errors: Sequence[BaseException], graph: Any, pristine: int | None) -> None:
+    """A hook that failed makes the capture fail: the graph and its pristine copy go."""
+    if hook_errors:
+        _reset(graph)
+        _destroy(pristine)
+        first = hook_errors[0]
+        raise CaptureError(
+            SkipReason(SkipCode.CAPTURE_FAILED, f"graph hook: {type(first).__name__}: {first}")
+        )
 
 
 def _capture_placeholders(
@@ -302,9 +311,11 @@ def _record(
     hooks: Sequence[GraphHook],
     placeholders: Mapping[int, torch.Tensor],
     hook_errors: list[BaseException],
+    pool_group: pools.PoolGroup | None,
 ) -> Any:
     """Run ``fn`` on ``capture_args`` under capture on grace's side stream; returns its outputs.
-    ``hooks`` run on the graph being captured (where this torch keeps no captured graph)."""
+    ``hooks`` run on the graph being captured (where this torch keeps no captured graph); the capture
+    goes into ``pool_group``'s pool, or a private one."""
     with _side_stream_lock:  # Note: [One side stream]
         stream = side_stream(device)
         current = torch.cuda.current_stream(device)
@@ -313,7 +324,7 @@ def _record(
         try:
             with torch.cuda.stream(stream):
                 torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
-                torch_compat.capture_begin(graph)
+                torch_compat.capture_begin(graph, pool_group.handle if pool_group is not None else None)
                 try:
                     outputs = fn(*capture_args)
                     if hooks:

@@ -90,6 +90,7 @@ class CapturedGraph:
     origin: CapturedGraph | None = None  # the captured graph this one was rebound from
     _output_spans: list[tuple[int, int]] | None = None
     _outputs_need_grad: bool = False  # an output in the pool requires grad (never, but then: _alias)
+    pool_group: pools.PoolGroup | None = None  # Note: [Output sets in one pool] in grace.pools
 
     @classmethod
     def assemble(
@@ -274,16 +275,17 @@ class CapturedGraph:
     def order_streams(self) -> None:
         """Queue what follows on the current stream after all work queued so far on the stream of the
         previous run of this graph or its family (Note: [Stream order] in grace.streams)."""
-        family = self.outputs_owner.family
+        owner = self.outputs_owner
+        order: OutputFamily | pools.PoolGroup = owner.pool_group or owner.family  # a group: one order
         key = streams.current_stream_key(self.device)
-        if key == family.last_stream_key:
+        if key == order.last_stream_key:
             return  # the same stream (or no streams): in order already
         stream = streams.current_stream(self.device)
-        last = family.last_stream
+        last = order.last_stream
         if last is not None:
             stream.wait_stream(last)
             streams.synchronize_device(self.device)  # reads queued on streams grace never saw are done too
-        family.last_stream, family.last_stream_key = stream, key
+        order.last_stream, order.last_stream_key = stream, key
 
     def replay(self) -> None:
         """One replay on the current stream (``run_with_copies``/``run_with_pi`` order it first)."""
@@ -330,11 +332,29 @@ class CapturedGraph:
         return self.held_outputs(generation) is not HeldState.NONE
 
     def held_outputs(self, generation: int) -> HeldState:
-        """Whether a replay now, in compiled call ``generation``, would overwrite held outputs."""
-        family = self.outputs_owner.family
+        """Whether a replay now, in compiled call ``generation``, would overwrite held outputs (its own,
+        or those of a graph captured into its pool after it)."""
+        owner = self.outputs_owner
+        family = owner.family
         if family.needs_sharing():
             self.share_across_threads()
+        group = owner.pool_group
+        if group is not None and group.later_held(family):
+            return HeldState.HELD
         return family.held(generation)
+
+    def pool_group_for_sets(self) -> pools.PoolGroup:
+        """The group that further output sets of this graph are captured into (Note: [Output sets in
+        one pool] in grace.pools), made with this graph's pool as its first member when there is none."""
+        owner = self.outputs_owner
+        if owner.pool_group is None:
+            owner.pool_group = pools.PoolGroup(torch_compat.graph_pool(owner.graph), owner.family)
+        return owner.pool_group
+
+    def join_pool_group(self, group: pools.PoolGroup) -> None:
+        """This graph was captured into ``group``'s pool, after its members."""
+        self.pool_group = group
+        group.join(self.family)
 
     def share_across_threads(self) -> None:
         """Note: [Outputs and threads] in grace.outputs (``OutputFamily.share``)."""
@@ -420,12 +440,14 @@ class CapturedGraph:
         if family.released:
             return
         family.released = True
-        graph, pristine = self.graph, self.rebinding.handle
+        graph, pristine, group = self.graph, self.rebinding.handle, self.pool_group
         self.rebinding.handle = None
 
         def release_pool() -> None:
             _reset(graph)
             _destroy(pristine)
+            if group is not None:  # its outputs are dead: no earlier set's replay need spare them
+                group.leave(family)
 
         pools.release_when_unheld([ref for ref, _ in family.refs], release_pool)
 

@@ -107,6 +107,10 @@ class GraceOptions:
             and backward graphs of a training step ``TRAINING_OUTPUT_SETS`` (one compiled layer called
             for every layer of a model needs one set per layer: docs/design/training.md) and every
             other graph one set.
+        output_sets_share_pool: capture a training graph's further output sets into the pool of its
+            first set (Note: [Output sets in one pool] in grace.pools) instead of a pool each: a set
+            then replays only while no output of a set captured after it is held. False (the default
+            until it is measured on a GPU) gives every set a pool of its own.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -141,6 +145,7 @@ class GraceOptions:
     rebind: bool = True
     max_rebinds: int = 64
     max_output_sets: int | None = None
+    output_sets_share_pool: bool = False
     training: bool = True
 
     def __post_init__(self) -> None:
@@ -155,6 +160,7 @@ class GraceOptions:
             "check_numerics",
             "rebind",
             "training",
+            "output_sets_share_pool",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")

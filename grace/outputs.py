@@ -208,6 +208,13 @@ class OutputFamily:
             check = self._held_checks = self._checks()
         return check[0]()
 
+    def held_beyond_graph(self) -> bool:
+        """Whether anything but the graph holds an output: counted against the graph's own tensors while
+        it lives, against none once it is released (it dropped them)."""
+        if self.released:
+            return any(torch_compat.storage_use_count(ref) > 0 for ref, _ in self.refs)
+        return self.counted_held()
+
     def kept_held(self) -> bool:
         """Whether something (autograd's saved tensors, a gradient) holds an output it keeps past the call."""
         check = self._held_checks

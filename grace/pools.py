@@ -27,6 +27,16 @@ step's deciding calls would be the sum of them all. So ``hand_back_before_captur
 unused cached segment to the device right before each capture (once per capture, under
 ``capture_lock``), and the capture's pool takes that memory.
 
+Note: [Output sets in one pool] (option ``output_sets_share_pool``) The output sets of a training
+graph (Note: [Output sets] in grace.slot) may be captured into the first set's pool instead of a pool
+each. A capture allocates only blocks free at that moment, and every set keeps its outputs allocated
+while it lives, so a later set never lands on an earlier set's outputs; it may land on an earlier
+set's temporaries and freed blocks. So a set's replay, which writes everything its capture allocated,
+may overwrite outputs of the sets captured after it, and only those: ``PoolGroup.later_held`` tells
+whether any of them is held by anything beyond its graph, and such a set does not replay (the slot
+replays another set or makes one). The sets of a group also keep one stream order, as one family
+does (Note: [Stream order] in grace.streams), so that no two of them run at once.
+
 Invariants:
 - a pool is released only once every storage its outputs had is dead, so no memory a caller can still
   read is ever reused by another graph or tensor;
@@ -115,3 +125,33 @@ def release_unheld() -> int:
 def waiting() -> int:
     """How many released graphs' pools wait for their held outputs to be dropped."""
     return len(_waiting)
+
+
+class PoolGroup:
+    """The graphs captured into one pool, in capture order (Note: [Output sets in one pool]).
+
+    ``handle``: the pool's id for ``capture_begin``; ``members``: the output families (grace.outputs) of
+    the graphs captured into it, earliest first, each leaving once its graph is released and no output
+    of it is held any more;
+    ``last_stream``, ``last_stream_key``: the stream order of the whole group."""
+
+    def __init__(self, handle: Any, first: Any) -> None:
+        self.handle = handle
+        self.members: list[Any] = [first]
+        self.last_stream: Any = None
+        self.last_stream_key: int | None = None
+
+    def join(self, family: Any) -> None:
+        self.members.append(family)
+
+    def leave(self, family: Any) -> None:
+        self.members = [m for m in self.members if m is not family]
+
+    def later_held(self, family: Any) -> bool:
+        """Whether an output of a graph captured into the pool after ``family``'s is held beyond its
+        graph (a replay of ``family``'s graph could overwrite it)."""
+        members = self.members
+        for position, member in enumerate(members):
+            if member is family:
+                return any(later.held_beyond_graph() for later in members[position + 1 :])
+        return False

@@ -27,6 +27,7 @@ from grace.adapting import InputAdapting
 from grace.capture import CaptureContext
 from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
+from grace.pools import PoolGroup
 from grace.reasons import SkipReason
 from grace.scg import Decision, DecisionKey, Variant
 from grace.stats import GraphStats
@@ -72,7 +73,8 @@ class SlotFacts:
 
     ``mutated``: the inputs the callable writes, sorted (the plan's and those warm-up calls saw);
     ``previous``: the slot's last decision (a decision for moved static inputs keeps it when it still
-    applies); ``decision_key``: the persisted decision's key for a set of candidates (None: none)."""
+    applies); ``decision_key``: the persisted decision's key for a set of candidates (None: none);
+    ``pool_group``: the pool the captures go into (None: a private pool each)."""
 
     compiled: Callable[..., Any]
     plan: RunnerPlan
@@ -82,6 +84,7 @@ class SlotFacts:
     mutated: tuple[int, ...]
     previous: Decision | None
     decision_key: Callable[[Sequence[Variant]], DecisionKey | None]
+    pool_group: PoolGroup | None = None  # Note: [Output sets in one pool] in grace.pools
 
     @property
     def device(self) -> torch.device:

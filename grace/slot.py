@@ -19,6 +19,7 @@ nothing outside this class writes a slot's state, graph or safety net.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
+from grace.pools import PoolGroup
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.recent import RecentSlot
 from grace.rerun import CallStart, input_versions
@@ -201,10 +203,14 @@ class GraphSlot:
                 self._swap_in(self.kept.pop(i))
                 return self.run(args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
-        if 1 + len(same_inputs) >= self.runner.options.output_sets(training=training):
+        options = self.runner.options
+        if 1 + len(same_inputs) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
+        group = None
+        if training and options.output_sets_share_pool and self.graph is not None:
+            group = self.graph.pool_group_for_sets()  # Note: [Output sets in one pool] in grace.pools
         self._keep_current()
-        return self.decide(args)
+        return self.decide(args, pool_group=group)
 
     def _swap_in(self, kept: _KeptGraph) -> None:
         """Make ``kept`` the slot's graph, the current one kept aside."""
@@ -412,9 +418,12 @@ class GraphSlot:
 
     # --- the deciding call -----------------------------------------------------------------
 
-    def decide(self, args: Sequence[Any]) -> Any:
+    def decide(self, args: Sequence[Any], pool_group: PoolGroup | None = None) -> Any:
         with self.runner.lock:
-            return self.apply(deciding.decide(self.facts(), args), args)
+            facts = self.facts()
+            if pool_group is not None:
+                facts = dataclasses.replace(facts, pool_group=pool_group)
+            return self.apply(deciding.decide(facts, args), args)
 
     def apply(self, decision: deciding.SlotDecision, args: Sequence[Any]) -> Any:
         """Enter the state ``decision`` settles and finish the deciding call with it."""

@@ -114,6 +114,7 @@ def _capture(facts: SlotFacts, args: Sequence[Any], hooks: Sequence[Any], **kwar
         hooks=hooks,
         keep_pristine=facts.keeps_pristine,
         kept_from=plan.kept_from,
+        pool_group=facts.pool_group,
         **kwargs,
     )
 

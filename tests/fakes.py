@@ -151,6 +151,7 @@ def fake_capture(
     borrow_inputs: bool = False,
     keep_pristine: bool = False,
     kept_from: int | None = None,
+    pool_group: Any = None,
 ) -> CapturedGraph:
     """A capture runs nothing (kernels are recorded, not executed): the outputs' layouts come from a run
     on clones of the inputs, with the generators as they were."""
@@ -176,6 +177,8 @@ def fake_capture(
         count_outputs=False,
     )
     graph.owner = captured
+    if pool_group is not None:
+        captured.join_pool_group(pool_group)
     return captured
 
 

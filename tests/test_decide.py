@@ -109,6 +109,7 @@ class Setup:
         borrow_inputs: bool = False,
         keep_pristine: bool = False,
         kept_from: int | None = None,
+        pool_group: Any = None,
     ) -> CapturedGraph:
         if borrow_inputs:
             held = {i: args[i] for i in dynamic_indices}

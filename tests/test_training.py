@@ -36,6 +36,7 @@ def _training_runner(
     kept_from: int,
     role: GraphRole,
     output_sets: int | None = 1,
+    share_pool: bool = False,
 ) -> tuple[GraceRunner, list[list[torch.Tensor]]]:
     """A runner over real CapturedGraphs whose two outputs are ``x * 2`` (what the caller gets) and
     ``x + 1`` (what a forward saves for its backward); each capture has outputs of its own, listed in
@@ -52,13 +53,19 @@ def _training_runner(
                 own[0].copy_(placeholder * 2)
                 own[1].copy_(placeholder + 1)
 
-        return fakes.captured_graph(
+            def pool(self) -> tuple[int, int]:
+                return (0, len(sets))
+
+        graph = fakes.captured_graph(
             Writes(),
             placeholders={0: placeholder},
             outputs=list(own),
             static_ptrs=[None],
             kept_from=facts.plan.kept_from,
         )
+        if facts.pool_group is not None:  # as grace.capture.capture_graph does after the capture
+            graph.join_pool_group(facts.pool_group)
+        return graph
 
     fakes.cpu_warmup(monkeypatch)
     fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
@@ -66,7 +73,7 @@ def _training_runner(
     plan = RunnerPlan(
         "h", CPU, static_indices=(), dynamic_indices=(0,), scalar_indices=(), role=role, kept_from=kept_from
     )
-    options = GraceOptions(max_output_sets=output_sets)
+    options = GraceOptions(max_output_sets=output_sets, output_sets_share_pool=share_pool)
     runner = GraceRunner(lambda x: [x * 2, x + 1], plan, options, None)
     return runner, sets
 
@@ -156,6 +163,71 @@ def test_a_forward_with_default_options_captures_a_set_for_a_second_pending_back
     torch.testing.assert_close(saved_b, xs[2] + 1)
     (record,) = stats.snapshot()
     assert record["held_output_calls"] == 0
+
+
+@pytest.mark.parametrize("share_pool", [False, True])
+def test_output_sets_in_one_pool_never_replay_over_a_later_sets_held_outputs(
+    monkeypatch: pytest.MonkeyPatch, share_pool: bool
+) -> None:
+    """Note: [Output sets in one pool]: the second set is captured into the first set's pool; then the
+    first set, though nothing holds its own outputs, does not replay while the second set's saved
+    tensor is held (its replay could write there): a third set is made. In pools of their own, the
+    first set replays. Every saved tensor keeps its value throughout."""
+    generation = [1]
+    runner, sets = _training_runner(
+        monkeypatch, generation, 1, GraphRole.FORWARD, output_sets=4, share_pool=share_pool
+    )
+    xs = [torch.full((2, 3), float(k)) for k in range(6)]
+    runner(xs[0])  # warm-up
+    generation[0] = 2
+    _, saved_a = runner(xs[1])  # set 1
+    generation[0] = 3
+    _, saved_b = runner(xs[2])  # set 1 is held: set 2
+    assert len(sets) == 2
+    first = runner.slots[next(iter(runner.slots))].kept[0].graph
+    group = first.pool_group
+    assert (group is not None) is share_pool
+    if group is not None:
+        assert group.members == [first.family, runner.slots[next(iter(runner.slots))].graph.family]
+    del saved_a  # set 1 is free, set 2's saved tensor is still held
+    generation[0] = 4
+    _, saved_c = runner(xs[3])
+    torch.testing.assert_close(saved_b, xs[2] + 1)
+    torch.testing.assert_close(saved_c, xs[3] + 1)
+    if share_pool:
+        assert len(sets) == 3 and saved_c.data_ptr() == sets[2][1].data_ptr()
+    else:
+        assert len(sets) == 2 and saved_c.data_ptr() == sets[0][1].data_ptr()
+    del saved_b, saved_c
+    generation[0] = 5
+    _, saved_d = runner(xs[4])
+    torch.testing.assert_close(saved_d, xs[4] + 1)
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 0
+
+
+def test_a_pool_groups_released_member_is_spared_until_its_outputs_die() -> None:
+    """A set released while a caller still holds its output stays in the group, counted against no
+    tensor of its own, until that output dies; then it leaves with its pool."""
+    import grace.pools as pools_mod
+
+    first = fakes.captured_graph(
+        fakes.CountingReplay(), placeholders={}, outputs=[torch.zeros(3)], kept_from=0
+    )
+    second = fakes.captured_graph(
+        fakes.CountingReplay(), placeholders={}, outputs=[torch.zeros(3)], kept_from=0
+    )
+    group = pools_mod.PoolGroup((0, 1), first.family)
+    first.pool_group = group
+    second.join_pool_group(group)
+    (held,) = second.collect_outputs((), clone=False)  # an alias a caller keeps
+    assert first.held_outputs(7) is grace.slot.HeldState.HELD
+    second.release()
+    assert first.held_outputs(7) is grace.slot.HeldState.HELD and second.family in group.members
+    del held
+    pools_mod.release_unheld()
+    assert group.members == [first.family]
+    assert first.held_outputs(7) is grace.slot.HeldState.NONE
 
 
 def test_a_forward_whose_saved_tensors_are_held_replays_another_output_set(

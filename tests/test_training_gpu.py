@@ -135,12 +135,23 @@ def test_training_with_selective_graphs_equals_eager(tmp_path: Path, graphs: lis
     assert {"forward", "backward"} <= launched, _why(graphs)
 
 
-@pytest.mark.parametrize("output_sets", [1, 16])
-def test_two_forwards_before_one_backward(tmp_path: Path, graphs: list[Any], output_sets: int) -> None:
+def _private_pools() -> set[Any]:
+    return {seg["segment_pool_id"] for seg in torch.cuda.memory_snapshot()} - {(0, 0)}
+
+
+@pytest.mark.parametrize(("output_sets", "share_pool"), [(1, False), (16, False), (16, True)])
+def test_two_forwards_before_one_backward(
+    tmp_path: Path, graphs: list[Any], output_sets: int, share_pool: bool
+) -> None:
     """The second forward may not replay over the first one's saved tensors (its backward is pending):
     with one set of outputs it runs without the graph; with more (Note: [Output sets] in grace.slot) it
-    replays a second capture with outputs of its own."""
-    eager, model, compiled = _pair(tmp_path, scg=False, max_output_sets=output_sets)
+    replays a second capture with outputs of its own, in a pool of its own or, with
+    ``output_sets_share_pool``, in the first set's (Note: [Output sets in one pool] in grace.pools):
+    then the forward's and the backward's sets take one pool each."""
+    pools_before = _private_pools()
+    eager, model, compiled = _pair(
+        tmp_path, scg=False, max_output_sets=output_sets, output_sets_share_pool=share_pool
+    )
     for step in range(5):
         a, b = _batch(2 * step), _batch(2 * step + 1)
         (eager(a) + 2 * eager(b)).backward()
@@ -155,6 +166,10 @@ def test_two_forwards_before_one_backward(tmp_path: Path, graphs: list[Any], out
     else:
         assert held == 0 and max(r["graphs_held"] for r in forward) == 2, forward
         assert sum(r["graph_launches"] for r in forward) >= 6, forward
+    if share_pool:
+        torch.cuda.empty_cache()  # released candidates' pools go; the kept graphs' stay
+        new_pools = _private_pools() - pools_before
+        assert len(new_pools) <= 2, new_pools
 
 
 def _ids(graphs: list[Any], role: str) -> set[int]:

@@ -132,6 +132,11 @@ def capture_begin(graph: Any, pool: Any = None) -> None:
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
 
 
+def graph_pool(graph: Any) -> Any:
+    """The id of a captured ``torch.cuda.CUDAGraph``'s memory pool, for another ``capture_begin``."""
+    return graph.pool()
+
+
 # Held by grace.capture around every capture and warm-up on its side stream, and here around each clear:
 # a clear from another thread in the middle of a capture would free the workspace the graph is using.
 capture_lock = threading.RLock()
