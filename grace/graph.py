@@ -331,30 +331,37 @@ class CapturedGraph:
         [Outputs held within one call] in grace.outputs)."""
         return self.held_outputs(generation) is not HeldState.NONE
 
-    def held_outputs(self, generation: int) -> HeldState:
-        """Whether a replay now, in compiled call ``generation``, would overwrite held outputs (its own,
-        or those of a graph captured into its pool after it)."""
+    def held_outputs(self, generation: int, args: Sequence[Any] | None = None) -> HeldState:
+        """Whether a replay now, in compiled call ``generation`` (on ``args``), would overwrite held
+        outputs: its own, or those of a graph captured into its pool after it (``PoolGroup.later_held``:
+        without ``args`` every held one counts)."""
         owner = self.outputs_owner
         family = owner.family
         if family.needs_sharing():
             self.share_across_threads()
         group = owner.pool_group
-        if group is not None and group.later_held(family):
+        if group is not None and group.later_held(owner, generation, args):
             return HeldState.HELD
         return family.held(generation)
+
+    @property
+    def shared_pool(self) -> pools.PoolGroup | None:
+        """The group of output sets whose pool this graph's outputs live in (Note: [Output sets in one
+        pool] in grace.pools), or None for a pool of its own."""
+        return self.outputs_owner.pool_group
 
     def pool_group_for_sets(self) -> pools.PoolGroup:
         """The group that further output sets of this graph are captured into (Note: [Output sets in
         one pool] in grace.pools), made with this graph's pool as its first member when there is none."""
         owner = self.outputs_owner
         if owner.pool_group is None:
-            owner.pool_group = pools.PoolGroup(torch_compat.graph_pool(owner.graph), owner.family)
+            owner.pool_group = pools.PoolGroup(torch_compat.graph_pool(owner.graph), owner)
         return owner.pool_group
 
     def join_pool_group(self, group: pools.PoolGroup) -> None:
         """This graph was captured into ``group``'s pool, after its members."""
         self.pool_group = group
-        group.join(self.family)
+        group.join(self)
 
     def share_across_threads(self) -> None:
         """Note: [Outputs and threads] in grace.outputs (``OutputFamily.share``)."""
@@ -447,7 +454,7 @@ class CapturedGraph:
             _reset(graph)
             _destroy(pristine)
             if group is not None:  # its outputs are dead: no earlier set's replay need spare them
-                group.leave(family)
+                group.leave(self)
 
         pools.release_when_unheld([ref for ref, _ in family.refs], release_pool)
 

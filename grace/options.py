@@ -99,7 +99,7 @@ class GraceOptions:
             graph has no memory pool of its own (its executable graph and, with PI, a pointer table), so
             this bound is larger. A signature holds at most 1 + max_recaptures + max_rebinds graphs.
         max_output_sets: sets of outputs one signature's graph may have for the same static inputs
-            (Note: [Output sets] in grace.slot): when a replay would overwrite outputs that something
+            (Note: [Output sets] in grace.outputsets): when a replay would overwrite outputs that something
             is counted to hold (a forward's saved tensors while its backward is pending, a layer's
             gradients that are a ``.grad``, outputs held within one call), the graph is captured once
             more with outputs of its own, up to this many in all; past it, such calls run without the

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grace import decide as deciding
+from grace import outputsets
 from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
@@ -135,7 +136,9 @@ class GraphSlot:
             return self._static_moved(args)
         if not self.runner.options.clone_outputs:
             generation = torch_compat.compiled_call_generation()
-            held = graph.held_outputs(generation)
+            if graph.shared_pool is not None and self._swap_in_earlier_set(args, generation):
+                return self.run(args)
+            held = graph.held_outputs(generation, args)
             if held is not HeldState.NONE:
                 if graph.shares_outputs and self._held_by_family(graph, args, held):
                     return self._leave_family(args)
@@ -185,32 +188,34 @@ class GraphSlot:
         return self.decide(args)
 
     def _another_output_set(self, args: Sequence[Any], generation: int) -> Any:
-        """Note: [Output sets]
-        A graph's outputs are counted as held (``HeldState.HELD``): a forward whose saved tensors a
-        pending backward needs (two micro-batches, or one compiled layer called for each layer of a
-        model), a backward whose gradients are a parameter's ``.grad``, outputs held within one call.
-        Eager would allocate fresh outputs; a graph has one set. So the slot keeps several graphs of
-        the same signature and static inputs, each with outputs of its own (in ``kept``, beside the
-        graphs of other static addresses): this call replays one whose outputs nothing holds, or, while
-        the slot has fewer than option ``max_output_sets`` for these static inputs
-        (``GraceOptions.output_sets``: 16 for a training step's graphs by default, 1 for others), makes
-        a new one with a deciding call of its own (captured, checked against the no-graph run, the
-        slot's previous decision kept when it passes); past that bound it runs without a graph. A graph
-        replays only when nothing holds its own outputs, as before; the sets never share memory."""
-        same_inputs = [i for i, kept in enumerate(self.kept) if kept.graph.static_inputs_unmoved(args)]
-        for i in reversed(same_inputs):
-            if self.kept[i].graph.held_outputs(generation) is HeldState.NONE:
-                self._swap_in(self.kept.pop(i))
-                return self.run(args)
+        """Note: [Output sets] in grace.outputsets: replay a free set, or make one, or run without."""
+        group = self.graph.shared_pool if self.graph is not None else None
+        free = outputsets.free_set(self.kept, args, generation, group)
+        if free is not None:
+            self._swap_in(self.kept.pop(free))
+            return self.run(args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
         options = self.runner.options
-        if 1 + len(same_inputs) >= options.output_sets(training=training):
+        same_inputs = sum(1 for kept in self.kept if kept.graph.static_inputs_unmoved(args))
+        if 1 + same_inputs >= options.output_sets(training=training):
             return self._run_outputs_held(args)
-        group = None
         if training and options.output_sets_share_pool and self.graph is not None:
             group = self.graph.pool_group_for_sets()  # Note: [Output sets in one pool] in grace.pools
         self._keep_current()
         return self.decide(args, pool_group=group)
+
+    def _swap_in_earlier_set(self, args: Sequence[Any], generation: int) -> bool:
+        """Sets in one pool go earliest first (grace.outputsets): swap in an earlier free one."""
+        graph = self.graph
+        assert graph is not None
+        group = graph.shared_pool
+        assert group is not None
+        before = group.position(graph.outputs_owner)
+        free = outputsets.free_set(self.kept, args, generation, group, before=before)
+        if free is None:
+            return False
+        self._swap_in(self.kept.pop(free))
+        return True
 
     def _swap_in(self, kept: _KeptGraph) -> None:
         """Make ``kept`` the slot's graph, the current one kept aside."""

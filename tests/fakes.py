@@ -197,8 +197,9 @@ class SlotGraph:
         self.output_bytes = 0
         self.shares_outputs = False
         self.origin = None
+        self.shared_pool = None
 
-    def held_outputs(self, generation: int) -> HeldState:
+    def held_outputs(self, generation: int, args: Sequence[Any] | None = None) -> HeldState:
         return HeldState.NONE
 
     def note_replay(self, generation: int) -> None:

@@ -293,7 +293,7 @@ def test_outputs_held_within_one_call_are_never_overwritten(tmp_path: Path, outp
     """Note: [Outputs held within one call] (grace.capture): each piece of ``_layer`` is one graph
     replayed once per layer, and the model returns every layer's result; a replay that overwrote an
     earlier layer's output would make them all equal to the last. With one set of outputs the held calls
-    run without the graph; with more (Note: [Output sets] in grace.slot) they replay captures of their
+    run without the graph; with more (Note: [Output sets] in grace.outputsets) they replay captures of their
     own."""
     x = torch.randn(64, 256, device="cuda")
     want = _four_layers(x)

@@ -139,7 +139,7 @@ def test_outputs_another_thread_holds_are_never_overwritten(
     make_runner: Callable[..., tuple[GraceRunner, list[str]]],
 ) -> None:
     """Note: [Outputs and threads]: the main thread holds the graph's own output tensor when a second
-    thread calls; with one set of outputs (Note: [Output sets] in grace.slot) that call runs without
+    thread calls; with one set of outputs (Note: [Output sets] in grace.outputsets) that call runs without
     the graph, and later replays wait until nothing is held."""
     runner, log = make_runner(max_output_sets=1)
     w = torch.ones(())

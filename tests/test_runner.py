@@ -285,7 +285,7 @@ def test_a_graph_never_overwrites_outputs_held_within_one_compiled_call(
 ) -> None:
     """One compiled call (generation) runs the same graph per layer and keeps every layer's output: no
     replay may overwrite an output still held; across calls outputs are overwritten, as documented. One
-    set of outputs (Note: [Output sets] in grace.slot): the held calls run without the graph."""
+    set of outputs (Note: [Output sets] in grace.outputsets): the held calls run without the graph."""
     generation = [1]
     runner, static_out = _held_output_runner(monkeypatch, generation, max_output_sets=1)
     w = torch.ones(())

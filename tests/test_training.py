@@ -40,7 +40,7 @@ def _training_runner(
 ) -> tuple[GraceRunner, list[list[torch.Tensor]]]:
     """A runner over real CapturedGraphs whose two outputs are ``x * 2`` (what the caller gets) and
     ``x + 1`` (what a forward saves for its backward); each capture has outputs of its own, listed in
-    capture order in the second item (Note: [Output sets] in grace.slot)."""
+    capture order in the second item (Note: [Output sets] in grace.outputsets)."""
     placeholder = torch.zeros(2, 3)
     sets: list[list[torch.Tensor]] = []
 
@@ -132,6 +132,11 @@ def test_a_backward_never_replays_over_gradients_still_held(monkeypatch: pytest.
     assert (record["held_output_calls"], record["graph_launches"]) == (1, 2)
 
 
+def _no_call_ran_without_its_graph() -> None:
+    (record,) = stats.snapshot()
+    assert record["held_output_calls"] == 0, record
+
+
 def test_by_default_a_training_graph_takes_output_sets_and_other_graphs_one() -> None:
     """``max_output_sets=None`` resolves by the graph's role; an explicit bound applies to every graph."""
     default = GraceOptions()
@@ -161,8 +166,7 @@ def test_a_forward_with_default_options_captures_a_set_for_a_second_pending_back
     assert len(sets) == 2 and saved_b.data_ptr() == sets[1][1].data_ptr()
     torch.testing.assert_close(saved_a, xs[1] + 1)
     torch.testing.assert_close(saved_b, xs[2] + 1)
-    (record,) = stats.snapshot()
-    assert record["held_output_calls"] == 0
+    _no_call_ran_without_its_graph()
 
 
 @pytest.mark.parametrize("share_pool", [False, True])
@@ -188,7 +192,8 @@ def test_output_sets_in_one_pool_never_replay_over_a_later_sets_held_outputs(
     group = first.pool_group
     assert (group is not None) is share_pool
     if group is not None:
-        assert group.members == [first.family, runner.slots[next(iter(runner.slots))].graph.family]
+        second = runner.slots[next(iter(runner.slots))].graph
+        assert [id(m) for m in group.members] == [id(first), id(second)]
     del saved_a  # set 1 is free, set 2's saved tensor is still held
     generation[0] = 4
     _, saved_c = runner(xs[3])
@@ -202,8 +207,32 @@ def test_output_sets_in_one_pool_never_replay_over_a_later_sets_held_outputs(
     generation[0] = 5
     _, saved_d = runner(xs[4])
     torch.testing.assert_close(saved_d, xs[4] + 1)
+    _no_call_ran_without_its_graph()
+
+
+@pytest.mark.parametrize("share_pool", [False, True])
+def test_a_layer_called_twice_per_step_keeps_two_output_sets(
+    monkeypatch: pytest.MonkeyPatch, share_pool: bool
+) -> None:
+    """One compiled layer called for two layers of a model, step after step (Note: [Output sets] in
+    grace.outputsets): two sets serve every step. In one pool they are taken earliest first, so the
+    second layer never finds the first set blocked by the second and no third set is made."""
+    generation = [1]
+    runner, sets = _training_runner(
+        monkeypatch, generation, 1, GraphRole.FORWARD, output_sets=8, share_pool=share_pool
+    )
+    runner(torch.zeros(2, 3))  # warm-up
+    for step in range(2, 7):
+        generation[0] = step
+        x1, x2 = torch.full((2, 3), float(step)), torch.full((2, 3), float(-step))
+        _, saved1 = runner(x1)  # layer 1: its backward is pending until the step ends
+        _, saved2 = runner(x2)  # layer 2
+        torch.testing.assert_close(saved1, x1 + 1)
+        torch.testing.assert_close(saved2, x2 + 1)
+        del saved1, saved2  # the backward ran
+    assert len(sets) == 2
     (record,) = stats.snapshot()
-    assert record["held_output_calls"] == 0
+    assert record["held_output_calls"] == 0 and record["graph_launches"] == 10
 
 
 def test_a_pool_groups_released_member_is_spared_until_its_outputs_die() -> None:
@@ -217,16 +246,16 @@ def test_a_pool_groups_released_member_is_spared_until_its_outputs_die() -> None
     second = fakes.captured_graph(
         fakes.CountingReplay(), placeholders={}, outputs=[torch.zeros(3)], kept_from=0
     )
-    group = pools_mod.PoolGroup((0, 1), first.family)
+    group = pools_mod.PoolGroup((0, 1), first)
     first.pool_group = group
     second.join_pool_group(group)
     (held,) = second.collect_outputs((), clone=False)  # an alias a caller keeps
     assert first.held_outputs(7) is grace.slot.HeldState.HELD
     second.release()
-    assert first.held_outputs(7) is grace.slot.HeldState.HELD and second.family in group.members
+    assert first.held_outputs(7) is grace.slot.HeldState.HELD and any(m is second for m in group.members)
     del held
     pools_mod.release_unheld()
-    assert group.members == [first.family]
+    assert len(group.members) == 1 and group.members[0] is first
     assert first.held_outputs(7) is grace.slot.HeldState.NONE
 
 
@@ -402,3 +431,54 @@ def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyP
     roles = {info.role: info.callable_id for info in sink}
     assert {"forward", "backward"} <= set(roles)
     assert calls[roles["forward"]] == 3 and calls[roles["backward"]] == 3
+
+
+class _StubFamily:
+    def __init__(
+        self, *, kept: bool = False, held: bool = False, generation: int = 1, released: bool = False
+    ):
+        self.kept, self.held, self.last_generation, self.released = kept, held, generation, released
+
+    def kept_held(self) -> bool:
+        return self.kept
+
+    def counted_held(self) -> bool:
+        return self.held
+
+    def held_beyond_graph(self) -> bool:
+        return self.held
+
+
+class _StubGraph:
+    def __init__(self, family: _StubFamily, read: bool = False) -> None:
+        self.family, self.read = family, read
+
+    def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
+        return self.read
+
+
+@pytest.mark.parametrize(
+    ("later", "args", "blocked"),
+    [
+        (_StubGraph(_StubFamily()), (1,), False),  # nothing of the later set held
+        (_StubGraph(_StubFamily(kept=True, held=True, generation=1)), (1,), True),  # saved tensors
+        (_StubGraph(_StubFamily(held=True, generation=5)), (1,), True),  # a caller's output of this call
+        (_StubGraph(_StubFamily(held=True, generation=4)), (1,), False),  # of an earlier call: contract
+        (_StubGraph(_StubFamily(held=True, generation=4), read=True), (1,), True),  # ... that it reads
+        (_StubGraph(_StubFamily(held=True, generation=4)), None, True),  # no args: every holder counts
+        (_StubGraph(_StubFamily(held=True, released=True)), (1,), True),  # released, output alive
+        (_StubGraph(_StubFamily(held=False, released=True)), (1,), False),
+    ],
+)
+def test_which_outputs_of_a_later_set_block_an_earlier_sets_replay(
+    later: _StubGraph, args: Sequence[Any] | None, blocked: bool
+) -> None:
+    """Note: [Output sets in one pool]: ``PoolGroup.later_held`` in compiled call 5. Only sets captured
+    after the replaying one count: the earlier one never blocks the later one."""
+    import grace.pools as pools_mod
+
+    first = _StubGraph(_StubFamily(kept=True, held=True))
+    group = pools_mod.PoolGroup((0, 1), first)
+    group.join(later)
+    assert group.later_held(first, 5, args) is blocked
+    assert group.later_held(later, 5, args) is False

@@ -144,7 +144,7 @@ def test_two_forwards_before_one_backward(
     tmp_path: Path, graphs: list[Any], output_sets: int, share_pool: bool
 ) -> None:
     """The second forward may not replay over the first one's saved tensors (its backward is pending):
-    with one set of outputs it runs without the graph; with more (Note: [Output sets] in grace.slot) it
+    with one set of outputs it runs without the graph; with more (Note: [Output sets] in grace.outputsets) it
     replays a second capture with outputs of its own, in a pool of its own or, with
     ``output_sets_share_pool``, in the first set's (Note: [Output sets in one pool] in grace.pools):
     then the forward's and the backward's sets take one pool each."""
