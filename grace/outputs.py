@@ -186,7 +186,9 @@ class OutputFamily:
     released: bool = False
     for_autograd: bool = False
     kept: tuple[bool, ...] = ()
-    _held_checks: tuple[Any, Any] | None = field(default=None, repr=False)  # built from refs (_checks)
+    _held_checks: tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld] | None = field(
+        default=None, repr=False
+    )  # built from refs (_checks)
 
     @classmethod
     def of(
@@ -203,10 +205,7 @@ class OutputFamily:
         return cls(refs=refs, for_autograd=True, kept=kept_storages(outputs, aliases, device, kept_from))
 
     def counted_held(self) -> bool:
-        check = self._held_checks
-        if check is None:
-            check = self._held_checks = self._checks()
-        return check[0]()
+        return self._checks()[0]()
 
     def held_beyond_graph(self) -> bool:
         """Whether anything but the graph holds an output: counted against the graph's own tensors while
@@ -217,15 +216,18 @@ class OutputFamily:
 
     def kept_held(self) -> bool:
         """Whether something (autograd's saved tensors, a gradient) holds an output it keeps past the call."""
-        check = self._held_checks
-        if check is None:
-            check = self._held_checks = self._checks()
-        return check[1]()
+        return self._checks()[1]()
 
     def _checks(self) -> tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld]:
         """The held checks over every storage of ``refs`` and over the kept ones, built once per ``refs``."""
-        kept = [pair for pair, keeps in zip(self.refs, self.kept, strict=False) if keeps]
-        return torch_compat.StoragesHeld(self.refs), torch_compat.StoragesHeld(kept)
+        checks = self._held_checks
+        if checks is None:
+            kept = [pair for pair, keeps in zip(self.refs, self.kept, strict=False) if keeps]
+            checks = self._held_checks = (
+                torch_compat.StoragesHeld(self.refs),
+                torch_compat.StoragesHeld(kept),
+            )
+        return checks
 
     @property
     def hands_out_aliases(self) -> bool:

@@ -30,20 +30,25 @@ from grace.outputs import HeldState
 from grace.pools import PoolGroup
 
 
+def same_inputs(kept: Sequence[Any], args: Sequence[Any]) -> list[int]:
+    """Indices in ``kept`` (a slot's kept graphs, each with ``.graph``) of the sets for the static inputs
+    of ``args``."""
+    return [i for i, k in enumerate(kept) if k.graph.static_inputs_unmoved(args)]
+
+
 def free_set(
     kept: Sequence[Any],
+    candidates: Sequence[int],
     args: Sequence[Any],
     generation: int,
     group: PoolGroup | None,
     before: int | None = None,
 ) -> int | None:
-    """The index in ``kept`` (a slot's kept graphs, each with ``.graph``) of the set for the same static
-    inputs this call can replay, in the order of the module docstring, or None. ``group``: the pool the
-    slot's sets share (None: pools of their own); ``before``: only sets captured into it before that
-    position."""
-    candidates = [i for i, k in enumerate(kept) if k.graph.static_inputs_unmoved(args)]
+    """The index, among ``candidates`` (``same_inputs``) of ``kept``, of the set this call can replay,
+    in the order of the module docstring, or None. ``group``: the pool the slot's sets share (None:
+    pools of their own); ``before``: only sets captured into it before that position."""
     if group is None:
-        order = candidates[::-1]
+        order = list(candidates)[::-1]
     else:
         ranked = sorted((group.position(kept[i].graph.outputs_owner), i) for i in candidates)
         order = [i for rank, i in ranked if before is None or rank < before]

@@ -19,7 +19,6 @@ nothing outside this class writes a slot's state, graph or safety net.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 from collections.abc import Sequence
@@ -104,7 +103,7 @@ class GraphSlot:
             return self._run_warmup(args)
         return self._run_released(args)
 
-    def facts(self) -> SlotFacts:
+    def facts(self, pool_group: PoolGroup | None = None) -> SlotFacts:
         runner = self.runner
         return SlotFacts(
             compiled=runner.compiled,
@@ -115,6 +114,7 @@ class GraphSlot:
             mutated=tuple(sorted(self.mutated)),
             previous=self.decision,
             decision_key=lambda candidates: runner.decision_key(self.signature_text, candidates),
+            pool_group=pool_group,
         )
 
     def _enter(self, state: SlotState, variant: Variant) -> None:
@@ -190,14 +190,14 @@ class GraphSlot:
     def _another_output_set(self, args: Sequence[Any], generation: int) -> Any:
         """Note: [Output sets] in grace.outputsets: replay a free set, or make one, or run without."""
         group = self.graph.shared_pool if self.graph is not None else None
-        free = outputsets.free_set(self.kept, args, generation, group)
+        candidates = outputsets.same_inputs(self.kept, args)
+        free = outputsets.free_set(self.kept, candidates, args, generation, group)
         if free is not None:
             self._swap_in(self.kept.pop(free))
             return self.run(args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
         options = self.runner.options
-        same_inputs = sum(1 for kept in self.kept if kept.graph.static_inputs_unmoved(args))
-        if 1 + same_inputs >= options.output_sets(training=training):
+        if 1 + len(candidates) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
         if training and options.output_sets_share_pool and self.graph is not None:
             group = self.graph.pool_group_for_sets()  # Note: [Output sets in one pool] in grace.pools
@@ -211,7 +211,8 @@ class GraphSlot:
         group = graph.shared_pool
         assert group is not None
         before = group.position(graph.outputs_owner)
-        free = outputsets.free_set(self.kept, args, generation, group, before=before)
+        candidates = outputsets.same_inputs(self.kept, args)
+        free = outputsets.free_set(self.kept, candidates, args, generation, group, before=before)
         if free is None:
             return False
         self._swap_in(self.kept.pop(free))
@@ -425,10 +426,7 @@ class GraphSlot:
 
     def decide(self, args: Sequence[Any], pool_group: PoolGroup | None = None) -> Any:
         with self.runner.lock:
-            facts = self.facts()
-            if pool_group is not None:
-                facts = dataclasses.replace(facts, pool_group=pool_group)
-            return self.apply(deciding.decide(facts, args), args)
+            return self.apply(deciding.decide(self.facts(pool_group), args), args)
 
     def apply(self, decision: deciding.SlotDecision, args: Sequence[Any]) -> Any:
         """Enter the state ``decision`` settles and finish the deciding call with it."""
