@@ -259,6 +259,7 @@ class _Unit:
     role: GraphRole = GraphRole.INFERENCE
     kept_from: int | None = None
     seed_outputs: tuple[int, ...] = ()
+    undefined_outputs: tuple[int, ...] = ()
 
 
 def _graph_hash(gm: torch.fx.GraphModule) -> str:
@@ -291,6 +292,7 @@ def _guarded(unit: _Unit, stage: _Stage, options: GraceOptions, eager: Callable[
         role=unit.role,
         kept_from=unit.kept_from,
         seed_outputs=unit.seed_outputs,
+        undefined_outputs=unit.undefined_outputs,
     )
     safe = SafePath(counted, stage.adapter, eager)
     try:
@@ -362,6 +364,7 @@ def _inner_runner(
         role=found.role,
         kept_from=found.kept_from,
         seed_outputs=found.seed_outputs,
+        undefined_outputs=found.undefined_outputs,
     )
     return _guarded(unit, _Stage(inner.gm, example_inputs), options, eager=compiled)
 

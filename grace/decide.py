@@ -338,13 +338,14 @@ def _check_variant(
         return f"replay failed: {type(exc).__name__}: {exc}"
     problem = devices_differ(output_devices(out), devices, facts.plan.seed_outputs)
     if problem is None:
-        problem = outputs_match(reference, out, noise=noise)
+        problem = outputs_match(reference, out, noise=noise, undefined=facts.plan.undefined_outputs)
     if problem is None and mutated:
         problem = outputs_match(reference_state, [args[i] for i in mutated], "mutated input", noise, MUTATED)
     if problem is None:
         problem = graph_health(graph)
     if problem is None and spec.checks_new_addresses(graph, bool(mutated)):
-        problem = _check_at_new_addresses(spec, graph, args, reference, restore, noise)
+        undefined = facts.plan.undefined_outputs
+        problem = _check_at_new_addresses(spec, graph, args, reference, restore, noise, undefined)
     return problem
 
 
@@ -355,6 +356,7 @@ def _check_at_new_addresses(
     reference: Any,
     restore: Callable[[], None],
     noise: dict[str, float],
+    undefined: Sequence[int],
 ) -> str | None:
     """Run again on the same values elsewhere. The placeholders are such a place (other addresses than
     ``args``, the inputs' exact layout), so no clone of the inputs is made (Note: [Deciding-call
@@ -369,9 +371,9 @@ def _check_at_new_addresses(
         torch.cuda.synchronize(graph.device)
     except Exception as exc:
         return f"replay failed at new input addresses: {type(exc).__name__}: {exc}"
-    problem = outputs_match(reference, out_moved, "output at new input addresses", noise) or graph_health(
-        graph
-    )
+    problem = outputs_match(
+        reference, out_moved, "output at new input addresses", noise, undefined=undefined
+    ) or graph_health(graph)
     if graph.pi_plan is not None:
         graph.pi_plan.update(args)
     return problem

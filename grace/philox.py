@@ -23,6 +23,16 @@ Design: the seeds are found by the schema names of the attention ops (``philox_s
   attention's backward rejects host seeds, so its seed arguments are no seed inputs
   (``grace.compat.generators.reads_seeds_on_device``).
 
+Note: [Random state of an op that draws nothing]
+An attention op called with ``dropout_p`` 0 draws no numbers, and the random state it returns is left
+uninitialised (memory-efficient attention's ``philox_seed`` and ``philox_offset`` are ``empty`` host
+tensors in a plain run and ``empty`` device tensors while capturing): two plain runs, or a plain run and
+a replay, return whatever the memory held (BlenderbotSmall's decoder forward, whose attention has no
+dropout, was declined for one such int64 differing). Its backward reads that state only to redraw a
+dropout mask, so with ``dropout_p`` 0 nothing reads it. ``undefined_outputs`` names such outputs; the
+numeric checks leave them out (``grace.scg.outputs_match``'s ``undefined``), as they leave nothing
+else out. A ``dropout_p`` that is not a number in the graph (a symbolic value) counts as drawing.
+
 Invariant: a backward that receives host seeds (its forward ran without a graph) gets a slot of its own
 that runs without a graph (a dynamic input on another device: grace.runner), so a captured backward
 never reads a host pointer, and a plain run never dereferences a device one.
@@ -40,32 +50,71 @@ from grace.compat import generators
 from grace.compat import torch as torch_compat
 
 SEED_NAMES = frozenset({"philox_seed", "philox_offset"})
+RANDOM_STATE_NAMES = SEED_NAMES | {"rng_state"}  # flash attention's state is one device tensor
 
 
 def _schema(node: torch.fx.Node) -> Any:
     return getattr(node.target, "_schema", None) if node.op == "call_function" else None
 
 
-def _is_seed_return(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is ``getitem(op, i)`` where the op's i-th return is named as a seed."""
+def _returned_by(node: torch.fx.Node) -> tuple[torch.fx.Node, Any, str] | None:
+    """(op node, its schema, the return's name) when ``node`` is ``getitem(op, i)`` of a schema op."""
     if node.op != "call_function" or node.target is not operator.getitem or len(node.args) < 2:
-        return False
+        return None
     source, index = node.args[0], node.args[1]
     schema = _schema(source) if isinstance(source, torch.fx.Node) else None
     if schema is None or not isinstance(index, int) or not 0 <= index < len(schema.returns):
+        return None
+    assert isinstance(source, torch.fx.Node)
+    return source, schema, schema.returns[index].name
+
+
+def _is_seed_return(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is ``getitem(op, i)`` where the op's i-th return is named as a seed."""
+    found = _returned_by(node)
+    return found is not None and found[2] in SEED_NAMES
+
+
+def _argument(node: torch.fx.Node, schema: Any, name: str) -> Any:
+    """The value ``node`` passes for its schema's argument ``name`` (its default when left out)."""
+    for position, argument in enumerate(schema.arguments):
+        if argument.name == name:
+            if name in node.kwargs:
+                return node.kwargs[name]
+            if position < len(node.args):
+                return node.args[position]
+            return argument.default_value if argument.has_default_value() else None
+    return None
+
+
+def _draws_nothing(node: torch.fx.Node) -> bool:
+    """Whether ``getitem(op, i)`` is random state of an op called with ``dropout_p`` the number 0."""
+    found = _returned_by(node)
+    if found is None or found[2] not in RANDOM_STATE_NAMES:
         return False
-    return schema.returns[index].name in SEED_NAMES
+    dropout = _argument(found[0], found[1], "dropout_p")
+    return isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and dropout == 0
 
 
-def seed_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
-    """Positions in ``gm``'s output tuple that hold an attention op's Philox seed or offset."""
+def _output_values(gm: torch.fx.GraphModule) -> Sequence[Any]:
     output = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if output is None or not output.args:
         return ()
     values = output.args[0]
-    if not isinstance(values, (list, tuple)):
-        values = (values,)
+    return values if isinstance(values, (list, tuple)) else (values,)
+
+
+def seed_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions in ``gm``'s output tuple that hold an attention op's Philox seed or offset."""
+    values = _output_values(gm)
     return tuple(i for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and _is_seed_return(v))
+
+
+def undefined_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions in ``gm``'s output tuple that hold random state of an op that draws nothing, whose
+    values are undefined (Note: [Random state of an op that draws nothing])."""
+    values = _output_values(gm)
+    return tuple(i for i, v in enumerate(values) if isinstance(v, torch.fx.Node) and _draws_nothing(v))
 
 
 def seed_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:

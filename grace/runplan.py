@@ -54,6 +54,7 @@ class RunnerPlan:
     role: GraphRole = GraphRole.INFERENCE  # a graph of AOTAutograd's training pair (grace.training)
     kept_from: int | None = None  # Note: [Outputs autograd keeps] in grace.outputs; None: inference
     seed_outputs: tuple[int, ...] = ()  # outputs whose device is the stream's mode (grace.philox)
+    undefined_outputs: tuple[int, ...] = ()  # outputs no check compares (grace.philox)
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,7 @@ class GraphSlot:
                 self.runner.options.host_reference_bytes,
                 random=bool(self.runner.plan.random_ops),
                 noise=self.noise,
+                undefined=self.runner.plan.undefined_outputs,
             )
         except Exception as exc:
             self.record.calls -= 1
@@ -484,7 +485,9 @@ class GraphSlot:
         if self.graph is not graph or graph is None or not self.runner.options.check_numerics:
             return out  # (a failed replay already left the slot without a graph)
         synchronize(graph.device)
-        problem = outputs_match(host_reference, out, noise=self.noise) or graph_health(graph)
+        undefined = self.runner.plan.undefined_outputs
+        problem = outputs_match(host_reference, out, noise=self.noise, undefined=undefined)
+        problem = problem or graph_health(graph)
         if problem is None:
             return out
         self.drop_for_mismatch(self.record.variant, "deciding call's replay", problem)

@@ -58,19 +58,21 @@ class InnerFacts:
     kept_from: int | None
     seed_inputs: tuple[int, ...] = ()  # Note: [Philox seeds of attention] in grace.philox
     seed_outputs: tuple[int, ...] = ()
+    undefined_outputs: tuple[int, ...] = ()  # Note: [Random state of an op that draws nothing]
 
 
 def inner_facts(inner: InnerGraph) -> InnerFacts:
     """Static and dynamic tensor inputs and the first kept output of ``inner`` (module docstring)."""
     tensors = [i for i, v in enumerate(inner.example_inputs) if isinstance(v, torch.Tensor)]
     seeds_in, seeds_out = philox.seed_inputs(inner.gm), philox.seed_outputs(inner.gm)
+    undefined = philox.undefined_outputs(inner.gm)
     if inner.role is GraphRole.BACKWARD:
-        return InnerFacts(inner.role, (), tuple(tensors), 0, seeds_in, seeds_out)
+        return InnerFacts(inner.role, (), tuple(tensors), 0, seeds_in, seeds_out, undefined)
     marked = set(inner.static_input_idxs)
     static = tuple(i for i in tensors if i in marked)
     dynamic = tuple(i for i in tensors if i not in marked)
     kept_from = inner.caller_outputs if inner.role is GraphRole.FORWARD else None
-    return InnerFacts(inner.role, static, dynamic, kept_from, seeds_in, seeds_out)
+    return InnerFacts(inner.role, static, dynamic, kept_from, seeds_in, seeds_out, undefined)
 
 
 def unboxed(compiled: Callable[[list[Any]], Any]) -> Callable[..., Any]:

@@ -68,24 +68,26 @@ def check_against_reference(
     host_bytes: int = 0,
     random: bool = False,
     noise: Mapping[str, float] | None = None,
+    undefined: Sequence[int] = (),
 ) -> tuple[Any, str | None, Any]:
     """(graph output, problem or None, no-graph output) for one call; see the module docstring.
     ``host_bytes``: the reference of a callable without side effects, and the copies a mutating
     callable's check keeps, go to host memory from this size on (``grace.hostref``; 0: never).
     ``random``: the callable draws random numbers; both runs start from the generators' states the call
     found (Note: the rule in grace.rerun). ``noise``: the run-to-run spread the slot's deciding call
-    measured (Note: [Run-to-run noise] in grace.noise)."""
+    measured (Note: [Run-to-run noise] in grace.noise). ``undefined``: outputs no run defines, not
+    compared (Note: [Random state of an op that draws nothing] in grace.philox)."""
     mutated = [i for i in mutated if isinstance(args[i], torch.Tensor)]
     start = CallStart(args, mutated, random, device, host_bytes)
     if not mutated:
-        return _check_pure(run_graph, compiled, args, graph, device, host_bytes, start, noise)
+        return _check_pure(run_graph, compiled, args, graph, device, host_bytes, start, noise, undefined)
     out = run_graph()
     # Only a mutating reference run can change what ``out`` shows (an output viewing a mutated input).
     got = kept_copy(out, host_bytes)
     got_state = kept_copy([args[i] for i in mutated], host_bytes)
     start.restore()
     reference = _no_graph_run(compiled, args, device)
-    problem = outputs_match(reference, got, noise=noise)
+    problem = outputs_match(reference, got, noise=noise, undefined=undefined)
     if problem is None:
         problem = outputs_match([args[i] for i in mutated], got_state, "mutated input", noise, MUTATED)
     if problem is None:
@@ -102,6 +104,7 @@ def _check_pure(
     host_bytes: int,
     start: CallStart,
     noise: Mapping[str, float] | None,
+    undefined: Sequence[int],
 ) -> tuple[Any, str | None, Any]:
     """The check of a callable without side effects: the no-graph run first, its output moved to host
     memory when it reaches ``host_bytes`` (then the graph's outputs are never beside a second device copy),
@@ -111,7 +114,7 @@ def _check_pure(
     start.restore()
     out = run_graph()
     synchronize(device)
-    problem = outputs_match(reference, out, noise=noise) or graph_health(graph)
+    problem = outputs_match(reference, out, noise=noise, undefined=undefined) or graph_health(graph)
     if problem is not None and on_host:
         start.restore()
         reference = compiled(*args)  # what the caller gets instead of the replay: on the device

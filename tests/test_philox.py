@@ -7,6 +7,7 @@ torch), so the ops are the real ATen overloads with their schemas."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from grace import philox
 from grace.analysis import analyze_inputs
 from grace.reasons import SkipCode
-from grace.scg import devices_differ, output_devices
+from grace.scg import devices_differ, output_devices, outputs_match
 
 aten = torch.ops.aten
 
@@ -110,3 +111,40 @@ def test_a_backward_that_reads_its_seeds_on_the_device_gets_no_host_copies() -> 
     args = (grad, q, k, v, None, out, lse, seed, offset, 0.3, [True, True, True, False])
     graph.output(graph.call_function(efficient, args))
     assert philox.seed_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == (6, 7)
+
+
+def _attention_without_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0)
+    flash = aten._scaled_dot_product_flash_attention(q, k, v, dropout_p=0.0)
+    return out, lse, seed, offset, flash[6], flash[0]
+
+
+def test_the_random_state_of_attention_without_dropout_is_undefined() -> None:
+    """Note: [Random state of an op that draws nothing]: with ``dropout_p`` 0 the seeds (and flash
+    attention's ``rng_state``) are undefined outputs; with dropout they are not."""
+    with FakeTensorMode():
+        without = make_fx(_attention_without_dropout)(*_qkv())
+        with_dropout = make_fx(_attention)(*_qkv())
+    assert philox.undefined_outputs(without) == (2, 3, 4)
+    assert philox.seed_outputs(without) == (2, 3)
+    assert philox.undefined_outputs(with_dropout) == ()
+
+
+def test_a_symbolic_dropout_counts_as_drawing() -> None:
+    graph = torch.fx.Graph()
+    q, k, v, p = (graph.placeholder(n) for n in ("q", "k", "v", "p"))
+    op = graph.call_function(aten._scaled_dot_product_efficient_attention.default, (q, k, v, None, True, p))
+    graph.output(tuple(graph.call_function(operator.getitem, (op, i)) for i in range(4)))
+    assert philox.undefined_outputs(torch.fx.GraphModule({}, graph)) == ()
+
+
+def test_checks_leave_out_undefined_outputs_only() -> None:
+    out = torch.arange(4.0)
+    reference = [out, torch.tensor(7), torch.tensor(1)]
+    replay = [out.clone(), torch.tensor(-3), torch.tensor(1)]
+    problem = outputs_match(reference, replay)
+    assert problem is not None and "output[1]" in problem
+    assert outputs_match(reference, replay, undefined=(1,)) is None
+    replay[2] = torch.tensor(2)
+    problem = outputs_match(reference, replay, undefined=(1,))
+    assert problem is not None and "output[2]" in problem
