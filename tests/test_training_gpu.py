@@ -223,6 +223,35 @@ def test_bf16_autocast_training_matches_eager(tmp_path: Path, graphs: list[Any])
     assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, (launches, _why(graphs))
 
 
+def test_fp16_autocast_with_a_grad_scaler_matches_eager(tmp_path: Path, graphs: list[Any]) -> None:
+    """float16 autocast with ``torch.amp.GradScaler``: the first scale overflows the float16 backward, so
+    both runs skip that step and back off; later steps grow the scale. The scales, the skipped steps and
+    the parameters equal eager's after every step, and forward and backward replay in graphs."""
+    eager, model, compiled = _pair(tmp_path, dtype=torch.float32, scg=False)
+    tol = {"rtol": 2e-2, "atol": 2e-2}
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, model)]
+    scalers = [
+        torch.amp.GradScaler("cuda", init_scale=2.0**24, backoff_factor=2.0**-10, growth_interval=2)
+        for _ in range(2)
+    ]
+    scales: list[tuple[float, float]] = []
+    for step in range(7):
+        x = _batch(step, torch.float32)
+        for run, opt, scaler in zip((eager, compiled), opts, scalers, strict=True):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = run(x)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        scales.append((scalers[0].get_scale(), scalers[1].get_scale()))
+        assert scales[-1][0] == scales[-1][1], (step, scales)
+        _same_params(eager, model, f"after step {step}", **tol)
+    assert scales[0][0] == 2.0**14 and max(s for s, _ in scales) > 2.0**14, scales  # backed off, then grew
+    launches = _graph_launches(graphs)
+    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, (launches, _why(graphs))
+
+
 def test_a_compiled_optimizer_step_runs_once_per_call(tmp_path: Path) -> None:
     """``torch.compile(opt.step)``: a graph that mutates its inputs (parameters, moments, steps) is never
     run more often than the caller calls it, whatever grace decides and checks."""
