@@ -9,6 +9,8 @@
 #   repro       scripts/gpu/repro_linears.py (repeated capture of the CPU-scalar model, every call vs eager)
 #   probe       scripts/gpu/probe.py $GRACE_PROBE_ARGS (peak memory per call and mode, host time per call)
 #   trainmem    scripts/gpu/train_memory.py $GRACE_TRAINMEM_ARGS (a training step's memory, phase by phase)
+#   trainhost   scripts/gpu/train_host.py $GRACE_TRAINHOST_ARGS (a steady training step's host time per
+#               mode, interleaved, and a cProfile of grace's runners)
 #   profhang    scripts/gpu/profile_hang.py $GRACE_PROFHANG_ARGS (a training step under the profiler, each
 #               case in its own process with a time limit: which settings hang)
 #   writes      scripts/gpu/write_probe.py $GRACE_WRITES_ARGS (which mode sequence makes a training backward
@@ -98,6 +100,10 @@ for spec in "${STEPS[@]}"; do
       # shellcheck disable=SC2086  # GRACE_TRAINMEM_ARGS holds several words on purpose
       timeout -s INT -k 20 "$limit" python scripts/gpu/train_memory.py --out "$OUT/trainmem" \
         --deadline-s "$((limit - 40))" ${GRACE_TRAINMEM_ARGS:-} ;;
+    trainhost)
+      # shellcheck disable=SC2086  # GRACE_TRAINHOST_ARGS holds several words on purpose
+      timeout -s INT -k 20 "$limit" python scripts/gpu/train_host.py --out "$OUT/trainhost" \
+        --deadline-s "$((limit - 60))" ${GRACE_TRAINHOST_ARGS:-} ;;
     profhang)
       # shellcheck disable=SC2086  # GRACE_PROFHANG_ARGS holds several words on purpose
       timeout -s INT -k 20 "$limit" python scripts/gpu/profile_hang.py --out "$OUT/profhang" \
