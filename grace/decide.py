@@ -406,7 +406,7 @@ def _choose(
     key = facts.decision_key(candidates)
     cache = decision_cache(options.resolved_cache_dir()) if (options.persist_decisions and key) else None
     if cache is not None and key is not None:
-        cached = _cached_decision(cache.lookup(key), candidates, results, key.digest)
+        cached = _cached_decision(cache.lookup(key), candidates, results, key.digest, options.scg_margin)
         if cached is not None:
             return cached
     runs: dict[Variant, Callable[[], Any]] = {}
@@ -433,17 +433,28 @@ def _choose(
 
 
 def _cached_decision(
-    entry: dict[str, Any] | None, candidates: list[Variant], results: dict[str, str], digest: str
+    entry: dict[str, Any] | None,
+    candidates: list[Variant],
+    results: dict[str, str],
+    digest: str,
+    margin: float,
 ) -> Decision | None:
+    """The persisted decision for this call's candidates: chosen again from its medians with the
+    current ``scg_margin`` where it timed every candidate (the stored choice may have been made with
+    another margin), else the stored variant; None when that is no candidate now."""
     if entry is None:
         return None
-    try:
-        variant = Variant(entry["variant"])
-    except (KeyError, ValueError):
-        variant = Variant.PENDING
+    medians_ms = dict(entry.get("medians_ms", {}))
+    timed = {v: medians_ms.get(v.value) for v in candidates}
+    if all(isinstance(m, (int, float)) for m in timed.values()):
+        variant = choose({v: float(m) for v, m in timed.items()}, margin)  # type: ignore[arg-type]
+    else:
+        try:
+            variant = Variant(entry["variant"])
+        except (KeyError, ValueError):
+            variant = Variant.PENDING
     if variant not in candidates:
         return None
-    medians_ms = dict(entry.get("medians_ms", {}))
     return Decision(variant, DecisionSource.CACHE, medians_ms=medians_ms, numeric_checks=results, key=digest)
 
 

@@ -62,7 +62,9 @@ class GraceOptions:
         scg_warmup: untimed runs per variant before the samples.
         scg_margin: how much faster (a fraction of its median) the no-graph variant must be than the
             fastest graph variant to be chosen; a nearer tie goes to the graph, which also frees the
-            host. 0 (the default until the suites are timed with a margin) takes the smaller median.
+            host. SCG times each variant alone with the device idle, where launching kernels one by
+            one costs nothing beside a GPU-bound graph; in a step, that host work delays whatever
+            follows. 0 takes the smaller median.
         cache_dir: directory of the persistent SCG decision cache; None uses ``$GRACE_CACHE_DIR`` or
             the user cache directory (``$XDG_CACHE_HOME/grace`` or ``~/.cache/grace``).
         persist_decisions: read and write SCG decisions in ``cache_dir``.
@@ -133,7 +135,7 @@ class GraceOptions:
     scg: bool = True
     scg_samples: int = 15
     scg_warmup: int = 2
-    scg_margin: float = 0.0
+    scg_margin: float = 0.03
     cache_dir: str | None = None
     persist_decisions: bool = True
     clone_outputs: bool = False

@@ -191,3 +191,20 @@ def test_untimed_setup_runs_before_each_run_of_its_variant_outside_the_timed_reg
     # The timed region of a no-graph sample holds the start event and the run only.
     assert samples[Variant.NO_GRAPH] == [2.0, 2.0, 2.0]
     assert log.count("pi") == 5
+
+
+def test_a_persisted_decision_is_chosen_again_with_the_current_margin() -> None:
+    from grace.decide import _cached_decision
+
+    entry = {"variant": "no_graph", "medians_ms": {"no_graph": 5.166, "graph_pi": 5.187}}
+    candidates = [Variant.NO_GRAPH, Variant.GRAPH_PI]
+    # Stored without a margin as no graph; 0.4% apart, so a margin of 3% keeps the graph.
+    kept = _cached_decision(entry, candidates, {}, "digest", 0.03)
+    assert kept is not None and kept.variant is Variant.GRAPH_PI
+    assert kept.source is scg.DecisionSource.CACHE
+    plain = _cached_decision(entry, candidates, {}, "digest", 0.0)
+    assert plain is not None and plain.variant is Variant.NO_GRAPH
+    # A candidate the entry never timed: its stored choice stands, when it is still a candidate.
+    partial = _cached_decision(entry, [*candidates, Variant.GRAPH_COPIES], {}, "digest", 0.03)
+    assert partial is not None and partial.variant is Variant.NO_GRAPH
+    assert _cached_decision({"variant": "graph_copies", "medians_ms": {}}, candidates, {}, "d", 0.03) is None
