@@ -18,7 +18,9 @@ Design (one call, on the caller's real inputs):
    placeholders it shares, then again with its inputs at new addresses: the placeholders);
 4. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
    candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
-   are not timed: they keep the preferred graph variant;
+   are not timed: they keep the preferred graph variant. A PI graph that stood alone gets the graph
+   with copies beside it when small inputs make copying a contender (Note: [Copies beside a PI graph
+   alone]);
 5. release the dropped graphs and return a ``SlotDecision``: the slot applies it (binds the graph,
    arms the safety net of grace.verify) and makes the call's last run, itself compared with the
    no-graph output and started from the call's state.
@@ -157,8 +159,9 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     problems = allow_noise(problems, problem_of, facts, args, reference, start, noise, reference_state)
     for variant in list(graphs):
         checks.keep_if_it_passes(variant, problems[variant])
-    if alone and len(checks.candidates) == 1:
-        # The graph that stood alone failed: capture the variants that need no other.
+    if alone and (len(checks.candidates) == 1 or _copies_could_win(facts, args, graphs, bool(mutated))):
+        # The graph that stood alone failed, or SCG should time copies beside it (Note: [Copies beside
+        # a PI graph alone]): capture the variants that need no other.
         _capture_the_rest(facts, args, graphs, wanted, set(problems), checks, problem_of)
     if len(checks.candidates) > 1 or host_reference is not None:
         # Note: [Deciding-call memory]: no reference output alive while the no-graph variant is timed
@@ -189,6 +192,25 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
         host_reference=host_reference,
         noise=noise,
     )
+
+
+def _copies_could_win(
+    facts: SlotFacts, args: Sequence[Any], graphs: dict[Variant, CapturedGraph], mutates: bool
+) -> bool:
+    """Note: [Copies beside a PI graph alone]
+    Under option ``pi_direct`` a PI graph that passes its checks stands alone, and SCG would weigh it
+    against no graph only. Yet where the inputs are small, copying them into placeholders costs about
+    what PI's table update and indirect loads cost, and either may be faster: SCG must time every
+    variant that could win. So when SCG times this slot, the dynamic inputs and the PI graph's outputs
+    each hold at most ``scg_copies_bytes``, the graph with copies is captured as well, checked, and
+    timed beside it. The bound keeps the deciding call's memory near one set of outputs: a graph with
+    large outputs (a training forward's saved tensors) never gets a second one."""
+    limit = facts.options.scg_copies_bytes
+    if mutates or not facts.options.scg or limit <= 0 or len(graphs) != 1:
+        return False
+    (graph,) = graphs.values()
+    inputs = sum(args[i].nbytes for i in facts.plan.dynamic_indices if isinstance(args[i], torch.Tensor))
+    return inputs <= limit and graph.output_bytes <= limit
 
 
 def _capture_the_rest(

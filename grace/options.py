@@ -65,6 +65,10 @@ class GraceOptions:
             host. SCG times each variant alone with the device idle, where launching kernels one by
             one costs nothing beside a GPU-bound graph; in a step, that host work delays whatever
             follows. 0 takes the smaller median.
+        scg_copies_bytes: under ``pi_direct``, a PI graph that stands alone is timed beside a graph
+            with input copies when the dynamic inputs and the PI graph's outputs each hold at most this
+            many bytes (copying small inputs may beat PI's table update; Note: [Copies beside a PI
+            graph alone] in grace.decide). 0 never captures the second graph.
         cache_dir: directory of the persistent SCG decision cache; None uses ``$GRACE_CACHE_DIR`` or
             the user cache directory (``$XDG_CACHE_HOME/grace`` or ``~/.cache/grace``).
         persist_decisions: read and write SCG decisions in ``cache_dir``.
@@ -136,6 +140,7 @@ class GraceOptions:
     scg_samples: int = 15
     scg_warmup: int = 2
     scg_margin: float = 0.03
+    scg_copies_bytes: int = 1 << 20
     cache_dir: str | None = None
     persist_decisions: bool = True
     clone_outputs: bool = False
@@ -174,6 +179,7 @@ class GraceOptions:
             "max_recaptures": 0,
             "max_rebinds": 0,
             "host_reference_bytes": 0,
+            "scg_copies_bytes": 0,
         }
         for name, low in minimums.items():
             value = getattr(self, name)

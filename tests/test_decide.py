@@ -372,7 +372,7 @@ def test_large_outputs_are_timed_without_a_graph_before_any_capture(monkeypatch:
 
     monkeypatch.setattr(grace.variants, "capture_graph", logged_capture)
     monkeypatch.setattr(grace.decide, "time_variants", time_variants)
-    slot = setup.slot(pi_direct=True)
+    slot = setup.slot(pi_direct=True, scg_copies_bytes=0)
     args = _inputs()
     (out,) = slot.decide(args)
     torch.testing.assert_close(out, args[0] * 2 + args[1])
@@ -419,10 +419,68 @@ def test_small_outputs_keep_the_interleaved_timing_and_the_verified_replays(
         return {v: [2.0 if v == Variant.NO_GRAPH else 1.0] * 3 for v in runs}
 
     monkeypatch.setattr(grace.decide, "time_variants", time_variants)
-    slot = setup.slot(pi_direct=True)
+    slot = setup.slot(pi_direct=True, scg_copies_bytes=0)
     slot.decide(_inputs())
     assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI)]
     assert slot.verify_calls == 1  # the returned replay was the first of two verified ones
+
+
+def _timed_decision(monkeypatch: pytest.MonkeyPatch, medians: Mapping[Variant, float], **options: Any) -> Any:
+    """A slot of a fresh ``Setup`` decided with ``pi_direct`` and SCG on (timings from ``medians``);
+    returns the setup, the slot and the variants each timing saw."""
+    setup = Setup(monkeypatch)
+    timed: list[tuple[Variant, ...]] = []
+
+    def time_variants(runs: Mapping[Variant, Any], **kwargs: Any) -> dict[Variant, list[float]]:
+        timed.append(tuple(runs))
+        return {v: [medians[v]] * 3 for v in runs}
+
+    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    slot = setup.slot(pi_direct=True, **options)
+    args = _inputs()
+    (out,) = slot.decide(args)
+    torch.testing.assert_close(out, args[0] * 2 + args[1])
+    return setup, slot, timed
+
+
+def test_small_inputs_time_the_graph_with_copies_beside_a_pi_graph_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note: [Copies beside a PI graph alone]: the copies graph is captured, checked and timed, and wins
+    when it is faster."""
+    medians = {Variant.NO_GRAPH: 3.0, Variant.GRAPH_PI: 2.0, Variant.GRAPH_COPIES: 1.0}
+    setup, slot, timed = _timed_decision(monkeypatch, medians)
+    assert setup.borrowed == [True, False]  # the PI graph on the inputs, then the copies graph
+    assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI, Variant.GRAPH_COPIES)]
+    assert slot.decision is not None
+    assert slot.decision.numeric_checks == {
+        "no_graph": "reference",
+        "graph_pi": "pass",
+        "graph_copies": "pass",
+    }
+    assert slot.record.variant == Variant.GRAPH_COPIES
+    assert setup.plans[0].released  # the PI graph lost, and let go of its table
+
+
+def test_a_pi_graph_alone_that_times_faster_than_copies_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    medians = {Variant.NO_GRAPH: 3.0, Variant.GRAPH_PI: 1.0, Variant.GRAPH_COPIES: 2.0}
+    setup, slot, timed = _timed_decision(monkeypatch, medians)
+    assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI, Variant.GRAPH_COPIES)]
+    assert slot.record.variant == Variant.GRAPH_PI and not setup.plans[0].released
+
+
+def test_inputs_over_the_bound_leave_a_pi_graph_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    medians = {Variant.NO_GRAPH: 3.0, Variant.GRAPH_PI: 2.0, Variant.GRAPH_COPIES: 1.0}
+    setup, slot, timed = _timed_decision(monkeypatch, medians, scg_copies_bytes=256)  # inputs: 512 bytes
+    assert setup.borrowed == [True] and timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI)]
+    assert slot.record.variant == Variant.GRAPH_PI
+
+
+def test_without_scg_a_pi_graph_alone_gets_no_graph_with_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(monkeypatch)
+    slot = setup.slot(pi_direct=True, scg=False)
+    slot.decide(_inputs())
+    assert setup.borrowed == [True] and slot.record.variant == Variant.GRAPH_PI
 
 
 class NoisySetup(Setup):
