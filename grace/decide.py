@@ -16,11 +16,11 @@ Design (one call, on the caller's real inputs):
 3. each variant runs from the call's state (``grace.rerun.CallStart``) in its spec's check order and
    is dropped when its outputs or mutated inputs differ from the reference (PI first, with zeros in the
    placeholders it shares, then again with its inputs at new addresses: the placeholders);
-4. choose: the only candidate; else the persisted decision for the same ``DecisionKey``; else time the
-   candidates (``grace.scg.time_variants``) and store the decision. Callables that mutate their inputs
-   are not timed: they keep the preferred graph variant. A PI graph that stood alone gets the graph
-   with copies beside it when small inputs make copying a contender (Note: [Copies beside a PI graph
-   alone]);
+4. choose (grace.choice): the only candidate; else the persisted decision for the same
+   ``DecisionKey``; else time the candidates and store the decision. Callables that mutate their
+   inputs are not timed: they keep the preferred graph variant. A PI graph that stood alone gets
+   the graph with copies beside it when small inputs make copying a contender (Note: [Copies beside
+   a PI graph alone]);
 5. release the dropped graphs and return a ``SlotDecision``: the slot applies it (binds the graph,
    arms the safety net of grace.verify) and makes the call's last run, itself compared with the
    no-graph output and started from the call's state.
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from grace import pools, variants
+from grace import choice, pools, variants
 from grace.capture import CapturedGraph, CaptureError
 from grace.compat import torch as torch_compat
 from grace.hostref import kept_copy, offload
@@ -55,24 +55,15 @@ from grace.runplan import SlotFacts
 from grace.scg import (
     MUTATED,
     Decision,
-    DecisionSource,
     Variant,
-    choose,
-    decision_cache,
     devices_differ,
-    medians,
     output_devices,
     outputs_match,
-    time_variants,
 )
 from grace.variants import VariantSpec, spec_of
 from grace.verify import graph_health
 
 logger = logging.getLogger(__name__)
-
-# Each timed no-graph run starts without a cuBLAS workspace, as a stream's first run does, instead of
-# holding one beside its cuDNN convolutions' transient ones (Note: [cuBLAS workspaces] in grace.capture).
-_FRESH_WORKSPACE = {Variant.NO_GRAPH: torch_compat.clear_cublas_workspaces}
 
 
 @dataclass(frozen=True)
@@ -117,19 +108,9 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
     """The deciding call of one slot on ``args`` (see the module docstring)."""
     mutated = list(facts.mutated)
     keep_bytes = facts.options.host_reference_bytes
-    try:  # every run below starts from the call's state (the rule in grace.rerun)
-        start = CallStart(
-            args, mutated, bool(facts.plan.random_ops), facts.plan.device, keep_bytes, fingerprints=True
-        )
-    except Exception as exc:
-        ops = ", ".join(facts.plan.random_ops[:3])
-        reason = SkipReason(
-            SkipCode.RANDOM_STATE_UNKNOWN,
-            f"the graph draws random numbers ({ops}) and the generators' state cannot be saved "
-            f"({type(exc).__name__}: {exc}): extra runs would consume the caller's numbers",
-        )
-        return SlotDecision(Variant.NO_GRAPH, reason=reason)
-
+    start = _call_start(facts, args, mutated)  # every run below starts from it (the rule in grace.rerun)
+    if isinstance(start, SlotDecision):
+        return start
     # The reference comes before any capture, so that no capture is the first run of the compiled code
     # (without warm-up, lazy first-run work, loading kernels or creating handles, would invalidate
     # it); one that writes its inputs gets them back after the reference state is kept.
@@ -169,7 +150,9 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
         reference = None
         reference_state = []
 
-    decision = _choose(facts, args, graphs, checks, bool(mutated), pretimed)
+    decision = choice.choose_variant(
+        facts, args, graphs, checks.candidates, checks.results, bool(mutated), pretimed
+    )
     for variant, graph in graphs.items():
         if variant != decision.variant:
             graph.release()
@@ -192,6 +175,28 @@ def decide(facts: SlotFacts, args: Sequence[Any]) -> SlotDecision:
         host_reference=host_reference,
         noise=noise,
     )
+
+
+def _call_start(facts: SlotFacts, args: Sequence[Any], mutated: list[int]) -> CallStart | SlotDecision:
+    """The call's state for every run to start from, or no graph where the generators' state cannot be
+    saved."""
+    try:
+        return CallStart(
+            args,
+            mutated,
+            bool(facts.plan.random_ops),
+            facts.plan.device,
+            facts.options.host_reference_bytes,
+            fingerprints=True,
+        )
+    except Exception as exc:
+        ops = ", ".join(facts.plan.random_ops[:3])
+        reason = SkipReason(
+            SkipCode.RANDOM_STATE_UNKNOWN,
+            f"the graph draws random numbers ({ops}) and the generators' state cannot be saved "
+            f"({type(exc).__name__}: {exc}): extra runs would consume the caller's numbers",
+        )
+        return SlotDecision(Variant.NO_GRAPH, reason=reason)
 
 
 def _copies_could_win(
@@ -299,20 +304,8 @@ def _reference_first(
     start.note_first_run()
     if not (on_host and options.scg):
         return value, on_host, None, devices
-    samples = _time(facts, {Variant.NO_GRAPH: lambda: facts.compiled(*args)})
+    samples = choice.time_runs(facts, {Variant.NO_GRAPH: lambda: facts.compiled(*args)})
     return value, on_host, samples[Variant.NO_GRAPH], devices
-
-
-def _time(facts: SlotFacts, runs: dict[Variant, Callable[[], Any]]) -> dict[Variant, list[float]]:
-    """SCG's samples of ``runs`` with the slot's options, each no-graph run without a cuBLAS workspace."""
-    options = facts.options
-    return time_variants(
-        runs,
-        samples=options.scg_samples,
-        warmup=options.scg_warmup,
-        device=facts.plan.device,
-        untimed_setup=_FRESH_WORKSPACE,
-    )
 
 
 def _capture_variants(
@@ -399,92 +392,6 @@ def _check_at_new_addresses(
     if graph.pi_plan is not None:
         graph.pi_plan.update(args)
     return problem
-
-
-def _choose(
-    facts: SlotFacts,
-    args: Sequence[Any],
-    graphs: dict[Variant, CapturedGraph],
-    checks: _Checks,
-    mutates: bool,
-    no_graph_samples: list[float] | None = None,
-) -> Decision:
-    options = facts.options
-    candidates, results = checks.candidates, checks.results
-    if len(candidates) == 1:
-        return Decision(Variant.NO_GRAPH, DecisionSource.ONLY_CANDIDATE, numeric_checks=results)
-    best_graph = min(candidates[1:], key=lambda v: spec_of(v).preference)
-    if not options.scg:
-        return Decision(best_graph, DecisionSource.SCG_OFF, numeric_checks=results)
-    if mutates:
-        return Decision(best_graph, DecisionSource.NOT_PROFILED_MUTATION, numeric_checks=results)
-    previous = facts.previous
-    if (
-        previous is not None
-        and previous.variant in candidates
-        and previous.source != DecisionSource.ONLY_CANDIDATE
-    ):
-        return previous
-    key = facts.decision_key(candidates)
-    cache = decision_cache(options.resolved_cache_dir()) if (options.persist_decisions and key) else None
-    if cache is not None and key is not None:
-        cached = _cached_decision(cache.lookup(key), candidates, results, key.digest, options.scg_margin)
-        if cached is not None:
-            return cached
-    runs: dict[Variant, Callable[[], Any]] = {}
-    if no_graph_samples is None:
-        runs[Variant.NO_GRAPH] = lambda: facts.compiled(*args)
-    for variant, graph in graphs.items():
-        if variant in candidates:
-            runs[variant] = _bound_run(spec_of(variant), graph, args)
-    timed = _time(facts, runs)
-    # No-graph samples taken before the capture (_reference_first) join the graphs' own.
-    samples = {Variant.NO_GRAPH: no_graph_samples, **timed} if no_graph_samples is not None else timed
-    med = medians(samples)
-    decision = Decision(
-        choose(med, options.scg_margin),
-        DecisionSource.PROFILED,
-        medians_ms={v.value: m for v, m in med.items()},
-        samples_ms={v.value: tuple(s) for v, s in samples.items()},
-        numeric_checks=results,
-        key=key.digest if key else None,
-    )
-    if cache is not None and key is not None:
-        cache.store(key, decision)
-    return decision
-
-
-def _cached_decision(
-    entry: dict[str, Any] | None,
-    candidates: list[Variant],
-    results: dict[str, str],
-    digest: str,
-    margin: float,
-) -> Decision | None:
-    """The persisted decision for this call's candidates: chosen again from its medians with the
-    current ``scg_margin`` where it timed every candidate (the stored choice may have been made with
-    another margin), else the stored variant; None when that is no candidate now."""
-    if entry is None:
-        return None
-    medians_ms = dict(entry.get("medians_ms", {}))
-    timed = {v: medians_ms.get(v.value) for v in candidates}
-    if all(isinstance(m, (int, float)) for m in timed.values()):
-        variant = choose({v: float(m) for v, m in timed.items()}, margin)  # type: ignore[arg-type]
-    else:
-        try:
-            variant = Variant(entry["variant"])
-        except (KeyError, ValueError):
-            variant = Variant.PENDING
-    if variant not in candidates:
-        return None
-    return Decision(variant, DecisionSource.CACHE, medians_ms=medians_ms, numeric_checks=results, key=digest)
-
-
-def _bound_run(spec: VariantSpec, graph: CapturedGraph, args: Sequence[Any]) -> Callable[[], Any]:
-    def run() -> Any:
-        return spec.replay(graph, args, False)
-
-    return run
 
 
 def rebind_graph(facts: SlotFacts, current: CapturedGraph, variant: Variant, args: Sequence[Any]) -> Rebound:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from fakes import ReplaysCallable
 
+import grace.choice
 import grace.decide
 import grace.variants
 from grace import stats
@@ -233,7 +234,7 @@ def test_no_reference_output_is_alive_while_the_variants_are_timed(monkeypatch: 
             run()
         return {v: [1.0 if v == Variant.NO_GRAPH else 2.0] * 3 for v in runs}
 
-    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    monkeypatch.setattr(grace.choice, "time_variants", time_variants)
     slot = setup.slot()
     args = _inputs()
     (out,) = slot.decide(args)
@@ -371,7 +372,7 @@ def test_large_outputs_are_timed_without_a_graph_before_any_capture(monkeypatch:
         return {v: [2.0 if v == Variant.NO_GRAPH else 1.0] * 3 for v in runs}
 
     monkeypatch.setattr(grace.variants, "capture_graph", logged_capture)
-    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    monkeypatch.setattr(grace.choice, "time_variants", time_variants)
     slot = setup.slot(pi_direct=True, scg_copies_bytes=0)
     args = _inputs()
     (out,) = slot.decide(args)
@@ -418,7 +419,7 @@ def test_small_outputs_keep_the_interleaved_timing_and_the_verified_replays(
         timed.append(tuple(runs))
         return {v: [2.0 if v == Variant.NO_GRAPH else 1.0] * 3 for v in runs}
 
-    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    monkeypatch.setattr(grace.choice, "time_variants", time_variants)
     slot = setup.slot(pi_direct=True, scg_copies_bytes=0)
     slot.decide(_inputs())
     assert timed == [(Variant.NO_GRAPH, Variant.GRAPH_PI)]
@@ -435,7 +436,7 @@ def _timed_decision(monkeypatch: pytest.MonkeyPatch, medians: Mapping[Variant, f
         timed.append(tuple(runs))
         return {v: [medians[v]] * 3 for v in runs}
 
-    monkeypatch.setattr(grace.decide, "time_variants", time_variants)
+    monkeypatch.setattr(grace.choice, "time_variants", time_variants)
     slot = setup.slot(pi_direct=True, **options)
     args = _inputs()
     (out,) = slot.decide(args)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import grace.backend
+import grace.choice
 import grace.decide
 import grace.runner
 import grace.slot
@@ -69,7 +70,7 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(torch_compat, "compile_with_inductor", lambda gm, inputs, record, **_: gm.forward)
     monkeypatch.setattr(grace.backend, "_environment", lambda device: None)
     monkeypatch.setattr(grace.variants, "capture_graph", fakes.fake_capture)
-    monkeypatch.setattr(grace.decide, "time_variants", fake_timing)
+    monkeypatch.setattr(grace.choice, "time_variants", fake_timing)
     monkeypatch.setattr(grace.slot, "run_on_side_stream", lambda fn, args, device: fn(*args))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     counter = itertools.count(1)

@@ -194,7 +194,7 @@ def test_untimed_setup_runs_before_each_run_of_its_variant_outside_the_timed_reg
 
 
 def test_a_persisted_decision_is_chosen_again_with_the_current_margin() -> None:
-    from grace.decide import _cached_decision
+    from grace.choice import cached_decision as _cached_decision
 
     entry = {"variant": "no_graph", "medians_ms": {"no_graph": 5.166, "graph_pi": 5.187}}
     candidates = [Variant.NO_GRAPH, Variant.GRAPH_PI]
