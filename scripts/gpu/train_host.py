@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import io
 import json
 import pstats
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 from probe import graphs  # this directory is first on the path of a script run from it
-from train_memory import parse_mode
+from train_memory import environment, forget_compiled, parse_mode
 
 import grace
 from suites.modes import reset_compilers, set_grace_overrides
@@ -113,11 +112,8 @@ def workload(name: str, modes: list[str], warmup: int, rounds: int, profiled: in
             result[text]["profile"] = _profile(step, inputs, profiled)
             if text.startswith("grace"):
                 result[text]["graphs"] = graphs()
-    set_grace_overrides({})
     steps.clear()
-    reset_compilers()
-    gc.collect()
-    torch.cuda.empty_cache()
+    forget_compiled()
     return result
 
 
@@ -133,7 +129,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
-    results: dict[str, Any] = {"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
+    results = environment()
     path = args.out / "train_host.json"
     for name in args.workloads.split(","):
         if time.monotonic() > deadline:

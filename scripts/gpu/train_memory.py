@@ -122,12 +122,22 @@ def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
         "graphs": graphs() if mode is not Mode.PT2CG else [],
         "pools_waiting": grace.pools.waiting(),
     }
-    set_grace_overrides({})
     del step, model, inputs
+    forget_compiled()
+    return result
+
+
+def forget_compiled() -> None:
+    """Drop every compiled artefact, the grace overrides and the device memory they held."""
+    set_grace_overrides({})
     reset_compilers()
     gc.collect()
     torch.cuda.empty_cache()
-    return result
+
+
+def environment() -> dict[str, Any]:
+    """The first entry of a probe's results: torch's version and the GPU."""
+    return {"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
 
 
 def main() -> int:
@@ -140,7 +150,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
-    results: dict[str, Any] = {"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
+    results = environment()
     path = args.out / "train_memory.json"
     for name in args.workloads.split(","):
         for mode in args.modes.split(";"):
