@@ -203,11 +203,20 @@ class Bindings:
         self.dense = {}
 
     def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
-        torch_compat.foreach_copy([self.dense[i] for i in indices], [dense_view(args[i]) for i in indices])
+        dense = self.dense
+        torch_compat.foreach_copy([dense[i] for i in indices], [self._dense_input(args, i) for i in indices])
 
     def copy_back(self, args: Sequence[Any], indices: Sequence[int]) -> None:
         for i in indices:
-            dense_view(args[i]).copy_(self.dense[i])
+            self._dense_input(args, i).copy_(self.dense[i])
+
+    def _dense_input(self, args: Sequence[Any], i: int) -> torch.Tensor:
+        """``dense_view(args[i])``, without looking at its strides when the placeholder needed no
+        narrowing: a graph serves only inputs with its signature, so the input's strides are the
+        placeholder's."""
+        if self.dense[i] is self.placeholders[i]:
+            return args[i]  # type: ignore[no-any-return]
+        return dense_view(args[i])
 
     def drop(self) -> None:
         """Drop the references to the placeholders (shared ones stay with their other graphs)."""
