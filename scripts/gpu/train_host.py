@@ -33,13 +33,11 @@ from typing import Any
 
 import torch
 from probe import graphs  # this directory is first on the path of a script run from it
-from train_memory import environment, forget_compiled, parse_mode
+from train_memory import environment, forget_compiled, fresh_workload
 
 import grace
-from suites.modes import reset_compilers, set_grace_overrides
-from suites.tensors import clone_inputs
+from suites.modes import reset_compilers
 from suites.training import TrainStep
-from suites.workloads import get
 
 
 def _timed_step(step: TrainStep, inputs: tuple[Any, ...]) -> tuple[float, float, float]:
@@ -89,11 +87,8 @@ def workload(name: str, modes: list[str], warmup: int, rounds: int, profiled: in
     result: dict[str, Any] = {}
     reset_compilers()  # once: every mode's compiled step lives through the interleaved rounds
     for text in modes:
-        mode, overrides = parse_mode(text)
-        set_grace_overrides(overrides)
-        model, inputs = get(name).factory("standard")(torch.device("cuda"), torch.float32)
+        mode, model, inputs = fresh_workload(name, text)
         step = TrainStep(mode, model, "cuda")
-        inputs = clone_inputs(tuple(inputs))
         with torch.no_grad():
             for _ in range(warmup):
                 step(*inputs)

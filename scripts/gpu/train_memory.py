@@ -96,13 +96,19 @@ def instrument(step: TrainStep, meter: PhaseMeter) -> None:
     step.optimizer.step = measured_step  # type: ignore[method-assign]
 
 
-def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
-    reset_compilers()
-    grace.stats.reset()
+def fresh_workload(name: str, mode_text: str) -> tuple[Mode, Any, tuple[Any, ...]]:
+    """The mode of ``mode_text`` (its grace overrides set), and a fresh model and inputs of workload
+    ``name`` at the standard tier on the GPU."""
     mode, overrides = parse_mode(mode_text)
     set_grace_overrides(overrides)
     model, inputs = get(name).factory("standard")(torch.device("cuda"), torch.float32)
-    inputs = clone_inputs(tuple(inputs))
+    return mode, model, clone_inputs(tuple(inputs))
+
+
+def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
+    reset_compilers()
+    grace.stats.reset()
+    mode, model, inputs = fresh_workload(name, mode_text)
     base = memory_window_base(torch.device("cuda"))
     step = TrainStep(mode, model, "cuda")
     meter = PhaseMeter(base)
