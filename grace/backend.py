@@ -412,10 +412,11 @@ def grace_backend(
 
 def reset_runtime() -> None:
     """Release every graph and its memory pool; counters and logged reasons start over."""
-    from grace import reasons, scg, stats
+    from grace import poolgroups, reasons, scg, stats
     from grace.runner import release_all
 
     release_all()
+    poolgroups.forget_step_groups()
     stats.reset()
     reasons.reset_logged()
     scg.forget_caches()

@@ -56,9 +56,11 @@ from typing import Any
 
 import torch
 
-from grace import pools
+from grace import poolgroups, pools
+from grace.compat import allocator
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
+from grace.compat.allocator import PoolLayout
 from grace.cudagraph import graph_summary
 from grace.graph import CapturedGraph, _destroy, _reset
 from grace.outputs import (
@@ -207,7 +209,8 @@ def capture_graph(
     borrow_inputs: bool = False,
     keep_pristine: bool = False,
     kept_from: int | None = None,
-    pool_group: pools.PoolGroup | None = None,
+    pool_group: poolgroups.PoolGroup | None = None,
+    pool_kin: object = None,
 ) -> CapturedGraph:
     """Capture ``fn`` with placeholders for ``dynamic_indices``; run ``hooks`` on the raw graph.
 
@@ -217,7 +220,7 @@ def capture_graph(
     only for PI graphs, where ``borrow_blocker`` finds nothing; an output viewing an input raises
     ``CaptureError``. ``keep_pristine``: keep a copy of the graph as before the hooks (grace.rebind),
     where this torch keeps the captured graph. ``kept_from``: Note: [Outputs autograd keeps].
-    ``pool_group``: capture into its pool and join it (Note: [Output sets in one pool] in grace.pools).
+    ``pool_group``: capture into its pool and join it, serving callable ``pool_kin`` (grace.poolgroups).
     """
     placeholders, own = _capture_placeholders(
         args, dynamic_indices, static_indices, placeholders, borrow_inputs
@@ -225,13 +228,13 @@ def capture_graph(
     pools.hand_back_before_capture()  # Note: [Hand back before a capture] in grace.pools
     capture_args = [placeholders.get(i, a) for i, a in enumerate(args)]
     keep_graph = torch_compat.has_keep_graph()
-    try:
-        graph = torch_compat.new_cuda_graph(keep_graph=keep_graph)
-    except Exception as exc:
-        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"CUDAGraph(): {exc}")) from exc
+    graph = _new_graph(keep_graph)
     hook_errors: list[BaseException] = []
     in_capture = hooks if not keep_graph else ()
-    outputs = _record(fn, capture_args, graph, device, in_capture, placeholders, hook_errors, pool_group)
+    layouts: list[PoolLayout | None] = []  # the group's pool before and after the capture
+    outputs = _record(
+        fn, capture_args, graph, device, in_capture, placeholders, hook_errors, pool_group, layouts
+    )
     pristine = _pristine_copy(graph) if keep_graph and keep_pristine else None
     if keep_graph:
         _instantiate(graph, device, hooks, placeholders, hook_errors, pristine)
@@ -269,8 +272,24 @@ def capture_graph(
         kept_from=kept_from,
     )
     if pool_group is not None:
-        captured.join_pool_group(pool_group)
+        _join(captured, pool_group, pool_kin, layouts)
     return captured
+
+
+def _new_graph(keep_graph: bool) -> Any:
+    try:
+        return torch_compat.new_cuda_graph(keep_graph=keep_graph)
+    except Exception as exc:
+        raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"CUDAGraph(): {exc}")) from exc
+
+
+def _join(
+    captured: CapturedGraph, group: poolgroups.PoolGroup, kin: object, layouts: Sequence[PoolLayout | None]
+) -> None:
+    """``captured`` joins ``group`` with the footprint its capture's ``layouts`` give (Note: [What a replay
+    can overwrite] in grace.poolgroups)."""
+    before, after = layouts if len(layouts) == 2 else (None, None)
+    captured.join_pool_group(group, kin, poolgroups.capture_footprint(before, after, captured.output_spans()))
 
 
 def _raise_hook_errors(hook_errors: Sequence[BaseException], graph: Any, pristine: int | None) -> None:
@@ -311,11 +330,13 @@ def _record(
     hooks: Sequence[GraphHook],
     placeholders: Mapping[int, torch.Tensor],
     hook_errors: list[BaseException],
-    pool_group: pools.PoolGroup | None,
+    pool_group: poolgroups.PoolGroup | None,
+    layouts: list[PoolLayout | None],
 ) -> Any:
     """Run ``fn`` on ``capture_args`` under capture on grace's side stream; returns its outputs.
     ``hooks`` run on the graph being captured (where this torch keeps no captured graph); the capture
-    goes into ``pool_group``'s pool, or a private one."""
+    goes into ``pool_group``'s pool, whose layout before and after it is appended to ``layouts``, or a
+    private one."""
     with _side_stream_lock:  # Note: [One side stream]
         stream = side_stream(device)
         current = torch.cuda.current_stream(device)
@@ -324,6 +345,8 @@ def _record(
         try:
             with torch.cuda.stream(stream):
                 torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
+                if pool_group is not None:
+                    layouts.append(allocator.pool_layout(device, pool_group.handle))
                 torch_compat.capture_begin(graph, pool_group.handle if pool_group is not None else None)
                 try:
                     outputs = fn(*capture_args)
@@ -334,6 +357,8 @@ def _record(
                 finally:
                     graph.capture_end()
                     torch_compat.clear_cublas_workspaces()
+                if pool_group is not None:
+                    layouts.append(allocator.pool_layout(device, pool_group.handle))
         except Exception as exc:
             _reset(graph)
             cuda_compat.clear_last_error()

@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from grace import pools, streams
+from grace import poolgroups, pools, streams
+from grace.compat import allocator
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import GraphSummary
@@ -88,9 +89,9 @@ class CapturedGraph:
     family: OutputFamily = field(default_factory=OutputFamily)
     rebinding: PristineCopy = field(default_factory=PristineCopy)
     origin: CapturedGraph | None = None  # the captured graph this one was rebound from
-    _output_spans: list[tuple[int, int]] | None = None
+    _output_spans: tuple[tuple[int, int], ...] | None = None
     _outputs_need_grad: bool = False  # an output in the pool requires grad (never, but then: _alias)
-    pool_group: pools.PoolGroup | None = None  # Note: [Output sets in one pool] in grace.pools
+    pool_group: poolgroups.PoolGroup | None = None  # Note: [Graphs in one pool] in grace.poolgroups
 
     @classmethod
     def assemble(
@@ -276,7 +277,7 @@ class CapturedGraph:
         """Queue what follows on the current stream after all work queued so far on the stream of the
         previous run of this graph or its family (Note: [Stream order] in grace.streams)."""
         owner = self.outputs_owner
-        order: OutputFamily | pools.PoolGroup = owner.pool_group or owner.family  # a group: one order
+        order: OutputFamily | poolgroups.PoolGroup = owner.pool_group or owner.family  # a group: one order
         key = streams.current_stream_key(self.device)
         if key == order.last_stream_key:
             return  # the same stream (or no streams): in order already
@@ -333,35 +334,41 @@ class CapturedGraph:
 
     def held_outputs(self, generation: int, args: Sequence[Any] | None = None) -> HeldState:
         """Whether a replay now, in compiled call ``generation`` (on ``args``), would overwrite held
-        outputs: its own, or those of a graph captured into its pool after it (``PoolGroup.later_held``:
+        outputs: its own, or those of a graph in its pool it may overwrite (``PoolGroup.overwritten_held``:
         without ``args`` every held one counts)."""
         owner = self.outputs_owner
         family = owner.family
         if family.needs_sharing():
             self.share_across_threads()
         group = owner.pool_group
-        if group is not None and group.later_held(owner, generation, args):
+        if group is not None and group.overwritten_held(owner, generation, args):
             return HeldState.HELD
         return family.held(generation)
 
     @property
-    def shared_pool(self) -> pools.PoolGroup | None:
-        """The group of output sets whose pool this graph's outputs live in (Note: [Output sets in one
-        pool] in grace.pools), or None for a pool of its own."""
+    def shared_pool(self) -> poolgroups.PoolGroup | None:
+        """The group of graphs whose pool this graph's outputs live in (Note: [Graphs in one pool] in
+        grace.poolgroups), or None for a pool of its own."""
         return self.outputs_owner.pool_group
 
-    def pool_group_for_sets(self) -> pools.PoolGroup:
-        """The group that further output sets of this graph are captured into (Note: [Output sets in
-        one pool] in grace.pools), made with this graph's pool as its first member when there is none."""
+    def pool_group_for_sets(self, kin: object) -> poolgroups.PoolGroup:
+        """The group further output sets of this graph (serving callable ``kin``) are captured into: its
+        own, or one made with this graph first, its footprint the whole pool now (grace.poolgroups)."""
         owner = self.outputs_owner
         if owner.pool_group is None:
-            owner.pool_group = pools.PoolGroup(torch_compat.graph_pool(owner.graph), owner)
+            handle = torch_compat.graph_pool(owner.graph)
+            whole = poolgroups.whole_pool(allocator.pool_layout(owner.device, handle))
+            owner.pool_group = poolgroups.PoolGroup(
+                handle, owner, kin=kin, footprint=whole, outputs=owner.output_spans()
+            )
         return owner.pool_group
 
-    def join_pool_group(self, group: pools.PoolGroup) -> None:
-        """This graph was captured into ``group``'s pool, after its members."""
+    def join_pool_group(
+        self, group: poolgroups.PoolGroup, kin: object, footprint: poolgroups.Spans | None
+    ) -> None:
+        """Captured into ``group``'s pool after its members, serving callable ``kin`` (grace.poolgroups)."""
         self.pool_group = group
-        group.join(self)
+        group.join(self, kin=kin, footprint=footprint, outputs=self.output_spans())
 
     def share_across_threads(self) -> None:
         """Note: [Outputs and threads] in grace.outputs (``OutputFamily.share``)."""
@@ -372,14 +379,21 @@ class CapturedGraph:
         same capture)."""
         return self.outputs_owner.family.last_writer not in (None, id(self))
 
+    def output_spans(self) -> tuple[tuple[int, int], ...]:
+        """The address ranges of the storages of this graph's outputs in its pool, sorted."""
+        spans = self._output_spans
+        if spans is None:
+            found = _pool_outputs(self.outputs, self.aliases, self.device).values()
+            spans = self._output_spans = poolgroups.merged(
+                (span.start, span.end) for span in map(StorageSpan.of, found)
+            )
+        return spans
+
     def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
         """Whether an input at ``indices`` lies in the storage of one of this graph's outputs in its pool:
         a layer's result handed to the next layer's piece (the outputs of a graph rebound from the same
         capture share those storages, grace.rebind)."""
-        spans = self._output_spans
-        if spans is None:
-            found = _pool_outputs(self.outputs, self.aliases, self.device).values()
-            spans = self._output_spans = [(span.start, span.end) for span in map(StorageSpan.of, found)]
+        spans = self.output_spans()
         for i in indices:
             a = args[i]
             if isinstance(a, torch.Tensor):
@@ -453,7 +467,7 @@ class CapturedGraph:
         def release_pool() -> None:
             _reset(graph)
             _destroy(pristine)
-            if group is not None:  # its outputs are dead: no earlier set's replay need spare them
+            if group is not None:  # its outputs are dead: no other member's replay need spare them
                 group.leave(self)
 
         pools.release_when_unheld([ref for ref, _ in family.refs], release_pool)

@@ -114,9 +114,14 @@ class GraceOptions:
             for every layer of a model needs one set per layer: docs/design/training.md) and every
             other graph one set.
         output_sets_share_pool: capture a training graph's further output sets into the pool of its
-            first set (Note: [Output sets in one pool] in grace.pools) instead of a pool each: a set
+            first set (Note: [Graphs in one pool] in grace.poolgroups) instead of a pool each: a set
             then replays only while no output of a set captured after it is held. False (the default
             until it is measured on a GPU) gives every set a pool of its own.
+        step_pool: capture every training graph of a device (AOTAutograd's forwards and backwards,
+            their output sets) into one memory pool (Note: [A training step in one pool] in
+            grace.poolgroups) instead of a pool each: a graph replays only while no output it may
+            overwrite, by the pool's layout around its capture, is still needed. False (the default
+            until it is measured on a GPU) gives every graph a pool of its own.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -153,6 +158,7 @@ class GraceOptions:
     max_rebinds: int = 64
     max_output_sets: int | None = None
     output_sets_share_pool: bool = False
+    step_pool: bool = False
     training: bool = True
 
     def __post_init__(self) -> None:
@@ -168,6 +174,7 @@ class GraceOptions:
             "rebind",
             "training",
             "output_sets_share_pool",
+            "step_pool",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")

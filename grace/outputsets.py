@@ -13,7 +13,7 @@ against the no-graph run, the slot's previous decision kept when it passes); pas
 without a graph. A graph replays only when nothing holds its own outputs.
 
 Design: ``free_set`` picks the set. Sets in pools of their own are tried most recent first. Sets in
-one pool (Note: [Output sets in one pool] in grace.pools) are tried earliest first, as a stack: a set
+one pool (Note: [Graphs in one pool] in grace.poolgroups) are tried earliest first, as a stack: a set
 may replay only while the sets captured after it are free, so layer 1 takes the first set, layer 2 the
 second, and the next step starts again from the first; the latest set taken for layer 1 would block
 every earlier one for layer 2, and the slot would make a new set at every step.
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grace.outputs import HeldState
-from grace.pools import PoolGroup
+from grace.poolgroups import PoolGroup
 
 
 def same_inputs(kept: Sequence[Any], args: Sequence[Any]) -> list[int]:

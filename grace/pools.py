@@ -27,18 +27,6 @@ step's deciding calls would be the sum of them all. So ``hand_back_before_captur
 unused cached segment to the device right before each capture (once per capture, under
 ``capture_lock``), and the capture's pool takes that memory.
 
-Note: [Output sets in one pool] (option ``output_sets_share_pool``) The output sets of a training
-graph (Note: [Output sets] in grace.outputsets) may be captured into the first set's pool instead of a pool
-each. A capture allocates only blocks free at that moment, and every set keeps its outputs allocated
-while it lives, so a later set never lands on an earlier set's outputs; it may land on an earlier
-set's temporaries and freed blocks. So a set's replay, which writes everything its capture allocated,
-may overwrite outputs of the sets captured after it, and only those. ``PoolGroup.later_held`` tells
-whether one of them is still needed: kept by autograd, held in this compiled call, or read by this
-call (a caller's output of an earlier call is the per-call contract's to overwrite); then the set does
-not replay, and the slot takes another set or makes one. So the sets are taken earliest first, as a
-stack (grace.outputsets). The sets of a group also keep one stream order, as one family does (Note:
-[Stream order] in grace.streams), so that no two of them run at once.
-
 Invariants:
 - a pool is released only once every storage its outputs had is dead, so no memory a caller can still
   read is ever reused by another graph or tensor;
@@ -127,53 +115,3 @@ def release_unheld() -> int:
 def waiting() -> int:
     """How many released graphs' pools wait for their held outputs to be dropped."""
     return len(_waiting)
-
-
-class PoolGroup:
-    """The graphs captured into one pool, in capture order (Note: [Output sets in one pool]).
-
-    ``handle``: the pool's id for ``capture_begin``; ``members``: the captured graphs (grace.graph, the
-    owners of their outputs) captured into it, earliest first, each leaving once it is released and
-    no output of it is held any more; ``last_stream``, ``last_stream_key``: the stream order of the
-    whole group."""
-
-    def __init__(self, handle: Any, first: Any) -> None:
-        self.handle = handle
-        self.members: list[Any] = [first]
-        self.last_stream: Any = None
-        self.last_stream_key: int | None = None
-
-    def join(self, graph: Any) -> None:
-        self.members.append(graph)
-
-    def leave(self, graph: Any) -> None:
-        self.members = [m for m in self.members if m is not graph]
-
-    def position(self, graph: Any) -> int:
-        """Where ``graph`` was captured into the pool (past the end when it is not a member)."""
-        for position, member in enumerate(self.members):
-            if member is graph:
-                return position
-        return len(self.members)
-
-    def later_held(self, graph: Any, generation: int, args: Sequence[Any] | None) -> bool:
-        """Whether a replay of ``graph`` now, in compiled call ``generation`` on ``args``, could overwrite
-        an output of a graph captured into the pool after it that is still needed: one autograd keeps
-        (saved tensors, gradients), one held in this call, one this call reads; a caller's output of an
-        earlier call follows the per-call contract (Note: [Outputs held within one call] in
-        grace.outputs). Without ``args``, every held output counts."""
-        for later in self.members[self.position(graph) + 1 :]:
-            family = later.family
-            if family.released:
-                if family.held_beyond_graph():
-                    return True
-                continue
-            if family.kept_held():
-                return True
-            if not family.counted_held():
-                continue
-            if args is None or family.last_generation == generation:
-                return True  # held in this call (or no way to tell)
-            if later.outputs_read_by(args, range(len(args))):
-                return True  # a caller's output of an earlier call that this call reads
-        return False

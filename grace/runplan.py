@@ -27,7 +27,7 @@ from grace.adapting import InputAdapting
 from grace.capture import CaptureContext
 from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
-from grace.pools import PoolGroup
+from grace.poolgroups import PoolGroup, step_group
 from grace.reasons import SkipReason
 from grace.scg import Decision, DecisionKey, Variant
 from grace.stats import GraphStats
@@ -56,6 +56,13 @@ class RunnerPlan:
     seed_outputs: tuple[int, ...] = ()  # outputs whose device is the stream's mode (grace.philox)
     undefined_outputs: tuple[int, ...] = ()  # outputs no check compares (grace.philox)
 
+    def step_pool(self, options: GraceOptions) -> PoolGroup | None:
+        """The pool a training graph's captures share with the device's other training graphs (option
+        ``step_pool``, Note: [A training step in one pool] in grace.poolgroups), or None: its own."""
+        if not options.step_pool or self.role is GraphRole.INFERENCE or self.device is None:
+            return None
+        return step_group(self.device)
+
 
 @dataclass(frozen=True)
 class Environment:
@@ -75,7 +82,8 @@ class SlotFacts:
     ``mutated``: the inputs the callable writes, sorted (the plan's and those warm-up calls saw);
     ``previous``: the slot's last decision (a decision for moved static inputs keeps it when it still
     applies); ``decision_key``: the persisted decision's key for a set of candidates (None: none);
-    ``pool_group``: the pool the captures go into (None: a private pool each)."""
+    ``pool_group``: the pool the captures go into (None: a private pool each), shared with the other
+    members of the group; the slot's ``record`` tells its graphs from theirs."""
 
     compiled: Callable[..., Any]
     plan: RunnerPlan
@@ -85,7 +93,7 @@ class SlotFacts:
     mutated: tuple[int, ...]
     previous: Decision | None
     decision_key: Callable[[Sequence[Variant]], DecisionKey | None]
-    pool_group: PoolGroup | None = None  # Note: [Output sets in one pool] in grace.pools
+    pool_group: PoolGroup | None = None  # Note: [Graphs in one pool] in grace.poolgroups
 
     @property
     def device(self) -> torch.device:

@@ -31,7 +31,7 @@ from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
-from grace.pools import PoolGroup
+from grace.poolgroups import PoolGroup
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.recent import RecentSlot
 from grace.rerun import CallStart, input_versions
@@ -199,8 +199,9 @@ class GraphSlot:
         options = self.runner.options
         if 1 + len(candidates) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
-        if training and options.output_sets_share_pool and self.graph is not None:
-            group = self.graph.pool_group_for_sets()  # Note: [Output sets in one pool] in grace.pools
+        group = None  # the step's pool when there is one (``decide``)
+        if training and options.output_sets_share_pool and not options.step_pool and self.graph is not None:
+            group = self.graph.pool_group_for_sets(self.record)  # Note: [Graphs in one pool]
         self._keep_current()
         return self.decide(args, pool_group=group)
 
@@ -426,8 +427,11 @@ class GraphSlot:
     # --- the deciding call -----------------------------------------------------------------
 
     def decide(self, args: Sequence[Any], pool_group: PoolGroup | None = None) -> Any:
-        with self.runner.lock:
-            return self.apply(deciding.decide(self.facts(pool_group), args), args)
+        """A deciding call; its captures go into ``pool_group``'s pool, or the step's (``step_pool``)."""
+        runner = self.runner
+        with runner.lock:
+            group = pool_group if pool_group is not None else runner.plan.step_pool(runner.options)
+            return self.apply(deciding.decide(self.facts(group), args), args)
 
     def apply(self, decision: deciding.SlotDecision, args: Sequence[Any]) -> Any:
         """Enter the state ``decision`` settles and finish the deciding call with it."""

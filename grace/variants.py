@@ -115,6 +115,7 @@ def _capture(facts: SlotFacts, args: Sequence[Any], hooks: Sequence[Any], **kwar
         keep_pristine=facts.keeps_pristine,
         kept_from=plan.kept_from,
         pool_group=facts.pool_group,
+        pool_kin=facts.record,
         **kwargs,
     )
 

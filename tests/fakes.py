@@ -152,6 +152,7 @@ def fake_capture(
     keep_pristine: bool = False,
     kept_from: int | None = None,
     pool_group: Any = None,
+    pool_kin: Any = None,
 ) -> CapturedGraph:
     """A capture runs nothing (kernels are recorded, not executed): the outputs' layouts come from a run
     on clones of the inputs, with the generators as they were."""
@@ -178,7 +179,7 @@ def fake_capture(
     )
     graph.owner = captured
     if pool_group is not None:
-        captured.join_pool_group(pool_group)
+        captured.join_pool_group(pool_group, pool_kin, None)
     return captured
 
 

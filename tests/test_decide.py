@@ -111,6 +111,7 @@ class Setup:
         keep_pristine: bool = False,
         kept_from: int | None = None,
         pool_group: Any = None,
+        pool_kin: Any = None,
     ) -> CapturedGraph:
         if borrow_inputs:
             held = {i: args[i] for i in dynamic_indices}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import grace.slot
-from grace import stats
+from grace import poolgroups, stats
 from grace.compat import aot as aot_compat
 from grace.compat.aot import GraphRole, InnerGraph
 from grace.options import TRAINING_OUTPUT_SETS, GraceOptions, GraceOptionsError
@@ -64,7 +64,7 @@ def _training_runner(
             kept_from=facts.plan.kept_from,
         )
         if facts.pool_group is not None:  # as grace.capture.capture_graph does after the capture
-            graph.join_pool_group(facts.pool_group)
+            graph.join_pool_group(facts.pool_group, facts.record, None)
         return graph
 
     fakes.cpu_warmup(monkeypatch)
@@ -173,7 +173,7 @@ def test_a_forward_with_default_options_captures_a_set_for_a_second_pending_back
 def test_output_sets_in_one_pool_never_replay_over_a_later_sets_held_outputs(
     monkeypatch: pytest.MonkeyPatch, share_pool: bool
 ) -> None:
-    """Note: [Output sets in one pool]: the second set is captured into the first set's pool; then the
+    """Note: [Graphs in one pool]: the second set is captured into the first set's pool; then the
     first set, though nothing holds its own outputs, does not replay while the second set's saved
     tensor is held (its replay could write there): a third set is made. In pools of their own, the
     first set replays. Every saved tensor keeps its value throughout."""
@@ -246,9 +246,9 @@ def test_a_pool_groups_released_member_is_spared_until_its_outputs_die() -> None
     second = fakes.captured_graph(
         fakes.CountingReplay(), placeholders={}, outputs=[torch.zeros(3)], kept_from=0
     )
-    group = pools_mod.PoolGroup((0, 1), first)
+    group = poolgroups.PoolGroup((0, 1), first)
     first.pool_group = group
-    second.join_pool_group(group)
+    second.join_pool_group(group, None, None)
     (held,) = second.collect_outputs((), clone=False)  # an alias a caller keeps
     assert first.held_outputs(7) is grace.slot.HeldState.HELD
     second.release()
@@ -473,12 +473,10 @@ class _StubGraph:
 def test_which_outputs_of_a_later_set_block_an_earlier_sets_replay(
     later: _StubGraph, args: Sequence[Any] | None, blocked: bool
 ) -> None:
-    """Note: [Output sets in one pool]: ``PoolGroup.later_held`` in compiled call 5. Only sets captured
-    after the replaying one count: the earlier one never blocks the later one."""
-    import grace.pools as pools_mod
-
+    """Note: [Graphs in one pool]: ``PoolGroup.overwritten_held`` in compiled call 5, footprints unknown.
+    Only sets captured after the replaying one count: the earlier one never blocks the later one."""
     first = _StubGraph(_StubFamily(kept=True, held=True))
-    group = pools_mod.PoolGroup((0, 1), first)
+    group = poolgroups.PoolGroup((0, 1), first)
     group.join(later)
-    assert group.later_held(first, 5, args) is blocked
-    assert group.later_held(later, 5, args) is False
+    assert group.overwritten_held(first, 5, args) is blocked
+    assert group.overwritten_held(later, 5, args) is False

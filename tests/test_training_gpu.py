@@ -121,8 +121,11 @@ def _train(
         _step_both(eager, model, (opt_e, opt_g), step)
 
 
-def test_training_steps_equal_eagers_and_run_in_cuda_graphs(tmp_path: Path, graphs: list[Any]) -> None:
-    eager, model, compiled = _pair(tmp_path, scg=False)
+@pytest.mark.parametrize("step_pool", [False, True])
+def test_training_steps_equal_eagers_and_run_in_cuda_graphs(
+    tmp_path: Path, graphs: list[Any], step_pool: bool
+) -> None:
+    eager, model, compiled = _pair(tmp_path, scg=False, step_pool=step_pool)
     _train(eager, model, compiled, steps=8)
     launches = _graph_launches(graphs)
     assert launches.get("forward", 0) >= 5 and launches.get("backward", 0) >= 5, (launches, _why(graphs))
@@ -139,18 +142,25 @@ def _private_pools() -> set[Any]:
     return {seg["segment_pool_id"] for seg in torch.cuda.memory_snapshot()} - {(0, 0)}
 
 
-@pytest.mark.parametrize(("output_sets", "share_pool"), [(1, False), (16, False), (16, True)])
+@pytest.mark.parametrize(
+    ("output_sets", "share_pool"), [(1, False), (16, False), (16, True), (16, "step"), (1, "step")]
+)
 def test_two_forwards_before_one_backward(
-    tmp_path: Path, graphs: list[Any], output_sets: int, share_pool: bool
+    tmp_path: Path, graphs: list[Any], output_sets: int, share_pool: bool | str
 ) -> None:
     """The second forward may not replay over the first one's saved tensors (its backward is pending):
     with one set of outputs it runs without the graph; with more (Note: [Output sets] in grace.outputsets) it
     replays a second capture with outputs of its own, in a pool of its own or, with
-    ``output_sets_share_pool``, in the first set's (Note: [Output sets in one pool] in grace.pools):
-    then the forward's and the backward's sets take one pool each."""
+    ``output_sets_share_pool``, in the first set's (Note: [Graphs in one pool] in grace.poolgroups):
+    then the forward's and the backward's sets take one pool each; with ``step_pool``, every training
+    graph takes one pool (Note: [A training step in one pool])."""
     pools_before = _private_pools()
     eager, model, compiled = _pair(
-        tmp_path, scg=False, max_output_sets=output_sets, output_sets_share_pool=share_pool
+        tmp_path,
+        scg=False,
+        max_output_sets=output_sets,
+        output_sets_share_pool=share_pool is True,
+        step_pool=share_pool == "step",
     )
     for step in range(5):
         a, b = _batch(2 * step), _batch(2 * step + 1)
@@ -169,17 +179,18 @@ def test_two_forwards_before_one_backward(
     if share_pool:
         torch.cuda.empty_cache()  # released candidates' pools go; the kept graphs' stay
         new_pools = _private_pools() - pools_before
-        assert len(new_pools) <= 2, new_pools
+        assert len(new_pools) <= (1 if share_pool == "step" else 2), new_pools
 
 
 def _ids(graphs: list[Any], role: str) -> set[int]:
     return {info.callable_id for info in graphs if info.role == role}
 
 
-def test_gradient_accumulation_without_zeroing(tmp_path: Path, graphs: list[Any]) -> None:
+@pytest.mark.parametrize("step_pool", [False, True])
+def test_gradient_accumulation_without_zeroing(tmp_path: Path, graphs: list[Any], step_pool: bool) -> None:
     """Micro-batches accumulate into ``.grad``: a backward may not replay over a gradient that is a
-    parameter's ``.grad`` already."""
-    eager, model, compiled = _pair(tmp_path, scg=False)
+    parameter's ``.grad`` already, nor, in the step's pool, a forward over it."""
+    eager, model, compiled = _pair(tmp_path, scg=False, step_pool=step_pool)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
     opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(4):

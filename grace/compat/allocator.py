@@ -1,0 +1,112 @@
+"""What the caching allocator holds in one CUDA graph memory pool, for the pools several graphs share.
+
+Problem: graphs captured into one pool may land on each other's memory; which of them a replay can
+overwrite follows from the blocks the pool held before and after each capture (grace.pools). The
+allocator's snapshot tells that, but its entry point and fields moved between releases.
+
+Design: ``pool_layout`` reads the snapshot once per call and keeps only the segments of one pool on one
+device: the address ranges of its segments and of its allocated blocks. Facts relied on:
+- ``torch.cuda.memory_snapshot()`` lists every segment with ``device``, ``address``, ``total_size``,
+  ``segment_pool_id`` (the pool's id, as ``graph_pool_handle()`` and ``CUDAGraph.pool()`` give it) and
+  ``blocks`` in address order, each with ``size`` and ``state`` (``active_allocated`` for a block in
+  use); newer releases give each block its ``address`` too, and take ``mempool_id`` and
+  ``include_traces`` to narrow and lighten the snapshot.
+- A private pool's segments go back to the device only once no graph captured into it is left
+  (``use_count`` 0), so the ranges a graph's capture used stay the pool's while the graph lives.
+The capability (``has_pool_layout``) is probed from the snapshot function's signature and a segment's
+fields; without it ``pool_layout`` returns None and callers assume the worst (grace.pools).
+
+Invariant: nothing here allocates device memory or runs CUDA work; never called during a capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Span = tuple[int, int]  # [start, end) in device addresses
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """The address ranges of one pool's segments and of its blocks in use, each sorted by start."""
+
+    segments: tuple[Span, ...]
+    allocated: tuple[Span, ...]
+
+
+@functools.cache
+def _snapshot_keywords() -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(torch.cuda.memory_snapshot).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return frozenset()
+
+
+def has_pool_layout() -> bool:
+    """Whether this torch can tell a pool's segments apart in the allocator's snapshot."""
+    return torch.cuda.is_available() and hasattr(torch.cuda, "memory_snapshot")
+
+
+def _segments(pool: Any) -> list[dict[str, Any]]:
+    """The snapshot's segments, narrowed to ``pool`` where this torch can (a pool not made yet, or a
+    narrowing that fails, falls back to every segment: ``layout_of`` filters them anyway)."""
+    keywords = _snapshot_keywords()
+    kwargs: dict[str, Any] = {"include_traces": False} if "include_traces" in keywords else {}
+    if "mempool_id" in keywords:
+        try:
+            return list(torch.cuda.memory_snapshot(mempool_id=tuple(pool), **kwargs))
+        except Exception:
+            pass
+    return list(torch.cuda.memory_snapshot(**kwargs))
+
+
+def _blocks(segment: dict[str, Any]) -> Iterable[tuple[int, int, str]]:
+    """(address, size, state) of each block of ``segment``, addresses summed where none is given."""
+    address = int(segment["address"])
+    for block in segment.get("blocks", ()):
+        size = int(block["size"])
+        start = int(block.get("address", address))
+        yield start, size, str(block.get("state", ""))
+        address = start + size
+
+
+def layout_of(segments: Iterable[dict[str, Any]], device_index: int, pool: Any) -> PoolLayout | None:
+    """The layout of ``pool`` on ``device_index`` from snapshot ``segments``; None when a segment lacks
+    the fields this needs."""
+    wanted = tuple(pool)
+    spans: list[Span] = []
+    allocated: list[Span] = []
+    for segment in segments:
+        if "segment_pool_id" not in segment or "address" not in segment:
+            return None
+        if int(segment.get("device", device_index)) != device_index:
+            continue
+        if tuple(segment["segment_pool_id"]) != wanted:
+            continue
+        start = int(segment["address"])
+        spans.append((start, start + int(segment["total_size"])))
+        allocated.extend((a, a + n) for a, n, state in _blocks(segment) if state == "active_allocated")
+    return PoolLayout(tuple(sorted(spans)), tuple(sorted(allocated)))
+
+
+def pool_layout(device: torch.device, pool: Any) -> PoolLayout | None:
+    """The layout of ``pool`` (a pool id) on ``device`` now, or None where this torch cannot tell."""
+    if pool is None or not has_pool_layout():
+        return None
+    try:
+        segments = _segments(pool)
+    except Exception:  # an allocator without snapshots (another backend): assume the worst
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return layout_of(segments, index, pool)
+
+
+def new_pool() -> Any:
+    """A fresh pool id for ``capture_begin``, that graphs captured one after another can share."""
+    return torch.cuda.graph_pool_handle()

@@ -1,0 +1,232 @@
+"""Graphs captured into one memory pool, and which of them a replay can overwrite.
+
+Problem: a pool per captured graph wastes memory (each pool keeps its own slack, and a backward cannot
+use the memory of a forward's temporaries), but graphs that share a pool may land on each other's
+memory, and a replay must never overwrite an output something still needs.
+
+Design: Note: [Graphs in one pool] Graphs may be captured into one pool (``PoolGroup``): a training graph's
+output sets (option ``output_sets_share_pool``, Note: [Output sets] in grace.outputsets), or every
+training graph of a device (Note: [A training step in one pool]). A capture allocates only blocks free
+at that moment, and every member keeps its outputs allocated while it lives, so a capture never lands
+on a member's outputs; it may land on a member's temporaries and free blocks. So a replay, which writes
+everything its capture allocated, may overwrite outputs of members captured after it, and only those.
+Note: [What a replay can overwrite] says which: ``PoolGroup.overwritten_held`` tells whether one of
+their outputs is still needed (kept by autograd, held in this compiled call, read by this call, or held
+at all where the member serves another callable: the per-call contract covers only a callable's own
+outputs), and then the graph does not replay; the slot takes another set or makes one. So a slot's
+sets are taken earliest first, as a stack (grace.outputsets). A group also keeps one stream order, as
+one family does (Note: [Stream order] in grace.streams), so that no two members run at once.
+
+Note: [What a replay can overwrite] A capture into a group's pool reads the pool's layout (segments and
+blocks in use, ``grace.compat.allocator``) before and after: its replays can write only the pool's
+memory that was not in use by others throughout, that is every segment after the capture less the
+blocks in use both before and after, plus its own outputs (``capture_footprint``). Joining the group,
+a graph is noted as overwritten by each member whose footprint meets its outputs, and as overwriting
+each member whose outputs its footprint meets; a replay checks only those members, not the whole
+group. Where the layout is unknown (no snapshot in this torch, or the first set of a pool made before
+its group), the footprint is taken to be everything: it overwrites every member captured after it.
+
+Note: [A training step in one pool] (option ``step_pool``) Every graph a device's training step
+captures (AOTAutograd's forwards and backwards, and their output sets) goes into one pool, as cudagraph
+trees keep one pool per device: a backward's temporaries and gradients then take the memory of the
+forwards' temporaries, and the slack of one segment list replaces that of a pool per graph. Needs the
+pool layout (without it each graph keeps a pool of its own); a new pool is opened once every member has
+left the last one (a pool no graph uses may be freed, and its id is not used again).
+
+Invariants:
+- a member's replay is allowed only while no output it may overwrite is still needed
+  (``overwritten_held``), whichever member captured it and whichever callable it serves;
+- a footprint is a superset of what a replay writes in the pool; an unknown one is everything;
+- the group holds no tensor: members are the captured graphs, which hold their own outputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grace.compat import allocator
+from grace.compat.allocator import PoolLayout, Span
+
+_lock = threading.Lock()
+
+
+Spans = tuple[Span, ...]  # sorted, disjoint [start, end) ranges
+
+
+def merged(spans: Iterable[Span]) -> Spans:
+    """``spans`` sorted, with overlapping and touching ranges joined."""
+    out: list[Span] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return tuple(out)
+
+
+def _intersection(a: Spans, b: Spans) -> Spans:
+    out: list[Span] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+def _difference(a: Spans, b: Spans) -> Spans:
+    out: list[Span] = []
+    for start, end in a:
+        for cut_start, cut_end in b:
+            if cut_end <= start or cut_start >= end:
+                continue
+            if cut_start > start:
+                out.append((start, cut_start))
+            start = max(start, cut_end)
+            if start >= end:
+                break
+        if start < end:
+            out.append((start, end))
+    return tuple(out)
+
+
+def overlap(a: Spans, b: Spans) -> bool:
+    return bool(_intersection(a, b))
+
+
+def capture_footprint(before: PoolLayout | None, after: PoolLayout | None, outputs: Spans) -> Spans | None:
+    """Note: [What a replay can overwrite]: the pool's memory a graph's replay may write, from the pool's
+    layout before and after its capture; None when either is unknown."""
+    if before is None or after is None:
+        return None
+    untouched = _intersection(merged(before.allocated), merged(after.allocated))
+    return merged((*_difference(merged(after.segments), untouched), *outputs))
+
+
+def whole_pool(layout: PoolLayout | None) -> Spans | None:
+    """Every segment of a pool (the footprint of its only graph so far), or None when unknown."""
+    return merged(layout.segments) if layout is not None else None
+
+
+@dataclass(eq=False)
+class _Seat:
+    """A member of a pool group: its graph, which callable it serves (``kin``), its footprint (None:
+    unknown, taken as every later member's memory) and outputs, and the members its replay may
+    overwrite an output of."""
+
+    graph: Any
+    kin: object
+    footprint: Spans | None
+    outputs: Spans
+    overwrites: list[_Seat] = field(default_factory=list)
+
+
+class PoolGroup:
+    """Graphs captured into one pool, in capture order (Note: [Graphs in one pool]).
+
+    ``handle``: the pool's id for ``capture_begin``; ``members``: the captured graphs (grace.graph, the
+    owners of their outputs) captured into it, earliest first, each leaving once it is released and
+    no output of it is held any more; ``last_stream``, ``last_stream_key``: the stream order of the
+    whole group."""
+
+    def __init__(
+        self,
+        handle: Any,
+        first: Any = None,
+        *,
+        kin: object = None,
+        footprint: Spans | None = None,
+        outputs: Spans = (),
+    ) -> None:
+        self.handle = handle
+        self.members: list[Any] = []
+        self._seats: dict[int, _Seat] = {}
+        self.last_stream: Any = None
+        self.last_stream_key: int | None = None
+        if first is not None:
+            self.join(first, kin=kin, footprint=footprint, outputs=outputs)
+
+    def join(
+        self, graph: Any, *, kin: object = None, footprint: Spans | None = None, outputs: Spans = ()
+    ) -> None:
+        """``graph`` was captured into the pool after every member; ``footprint``: the memory its replays
+        may write (``capture_footprint``), ``outputs``: its outputs' storages."""
+        seat = _Seat(graph, kin, footprint, outputs)
+        for other in self._seats.values():
+            if other.footprint is None or overlap(other.footprint, outputs):
+                other.overwrites.append(seat)
+            if footprint is not None and overlap(footprint, other.outputs):
+                seat.overwrites.append(other)
+        self._seats[id(graph)] = seat
+        self.members.append(graph)
+
+    def leave(self, graph: Any) -> None:
+        seat = self._seats.pop(id(graph), None)
+        self.members = [m for m in self.members if m is not graph]
+        if seat is not None:
+            for other in self._seats.values():
+                other.overwrites = [s for s in other.overwrites if s is not seat]
+
+    def position(self, graph: Any) -> int:
+        """Where ``graph`` was captured into the pool (past the end when it is not a member)."""
+        for position, member in enumerate(self.members):
+            if member is graph:
+                return position
+        return len(self.members)
+
+    def overwritten_held(self, graph: Any, generation: int, args: Sequence[Any] | None) -> bool:
+        """Whether a replay of ``graph`` now, in compiled call ``generation`` on ``args``, could overwrite
+        a still needed output of another member: one autograd keeps (saved tensors, gradients), one held
+        in this call, one this call reads, and any held output of a member that serves another callable.
+        A caller's output of an earlier call of the same callable follows the per-call contract (Note:
+        [Outputs held within one call] in grace.outputs). Without ``args``, every held output counts."""
+        seat = self._seats.get(id(graph))
+        if seat is None:
+            return False
+        return any(_blocks(other, seat.kin, generation, args) for other in seat.overwrites)
+
+    def empty(self) -> bool:
+        return not self.members
+
+
+def _blocks(other: _Seat, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
+    """Whether an output of ``other`` is still needed (``PoolGroup.overwritten_held``)."""
+    family = other.graph.family
+    if family.released:
+        return bool(family.held_beyond_graph())
+    if family.kept_held():
+        return True
+    if not family.counted_held():
+        return False
+    if other.kin is not kin or args is None or family.last_generation == generation:
+        return True  # another callable's, held in this call, or no way to tell
+    return bool(other.graph.outputs_read_by(args, range(len(args))))  # an earlier call's, read now
+
+
+_step_groups: dict[int, PoolGroup] = {}
+
+
+def step_group(device: Any) -> PoolGroup | None:
+    """The pool a device's training graphs share (Note: [A training step in one pool]): the current one
+    while it has members, else a new one; None where this torch cannot tell a capture's footprint."""
+    if not allocator.has_pool_layout():
+        return None
+    index = device.index if device.index is not None else 0
+    with _lock:
+        group = _step_groups.get(index)
+        if group is None or group.empty():  # a pool no graph uses any more may be freed: a fresh id
+            group = _step_groups[index] = PoolGroup(allocator.new_pool())
+        return group
+
+
+def forget_step_groups() -> None:
+    """grace.reset(): later training graphs start a new pool (the released ones leave theirs)."""
+    with _lock:
+        _step_groups.clear()

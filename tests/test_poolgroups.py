@@ -1,0 +1,245 @@
+"""Graphs in one pool (grace.poolgroups): footprints from the allocator's layout, which member's replay
+may overwrite which member's outputs, and a training step's graphs in one pool (option ``step_pool``).
+CPU only: captures are fakes whose footprints the tests state; the layout comes from snapshot dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fakes
+import pytest
+import torch
+
+import grace.runplan
+import grace.slot
+from grace import poolgroups, stats
+from grace.compat import allocator
+from grace.compat.allocator import PoolLayout
+from grace.compat.aot import GraphRole
+from grace.options import GraceOptions
+from grace.runner import GraceRunner, RunnerPlan
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    stats.forget_all()
+    poolgroups.forget_step_groups()
+    yield
+    stats.forget_all()
+    poolgroups.forget_step_groups()
+
+
+# --- footprints -----------------------------------------------------------------------------------
+
+
+def test_spans_merge_and_meet() -> None:
+    assert poolgroups.merged([(30, 40), (0, 10), (10, 20), (35, 50), (60, 60)]) == ((0, 20), (30, 50))
+    assert poolgroups.overlap(((0, 10),), ((9, 12),)) and not poolgroups.overlap(((0, 10),), ((10, 12),))
+
+
+def test_a_captures_footprint_is_the_pool_less_what_others_held_throughout_plus_its_outputs() -> None:
+    """Block [50, 60) was in use before and freed during the capture (the capture may take it); [0, 10)
+    stayed in use; [20, 30) is the capture's output; [200, 300) a segment the capture added."""
+    before = PoolLayout(segments=((0, 100),), allocated=((0, 10), (50, 60)))
+    after = PoolLayout(segments=((0, 100), (200, 300)), allocated=((0, 10), (20, 30)))
+    footprint = poolgroups.capture_footprint(before, after, ((20, 30),))
+    assert footprint == ((10, 100), (200, 300))
+    assert poolgroups.capture_footprint(None, after, ((20, 30),)) is None
+
+
+def _segment(address: int, pool: tuple[int, int], blocks: list[tuple[int, str]], **extra: Any) -> dict:
+    return {
+        "device": 0,
+        "address": address,
+        "total_size": sum(size for size, _ in blocks),
+        "segment_pool_id": pool,
+        "blocks": [{"size": size, "state": state} for size, state in blocks],
+        **extra,
+    }
+
+
+def test_a_pools_layout_from_the_allocators_snapshot() -> None:
+    """Only the pool's segments on the device count; blocks without an address follow each other."""
+    segments = [
+        _segment(1000, (0, 7), [(100, "active_allocated"), (50, "inactive"), (20, "active_allocated")]),
+        _segment(5000, (0, 0), [(64, "active_allocated")]),  # the default pool
+        _segment(9000, (0, 7), [(10, "active_awaiting_free")], device=1),  # another device
+        _segment(3000, (0, 7), [(40, "inactive")]),
+    ]
+    layout = allocator.layout_of(segments, 0, (0, 7))
+    assert layout == PoolLayout(segments=((1000, 1170), (3000, 3040)), allocated=((1000, 1100), (1150, 1170)))
+    assert allocator.layout_of([{"address": 1, "blocks": []}], 0, (0, 7)) is None  # no pool ids: unknown
+
+
+def test_no_layout_without_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build with a device: the layout is known")
+    assert allocator.pool_layout(CPU, (0, 1)) is None
+
+
+# --- which replay may overwrite which outputs -----------------------------------------------------
+
+
+class _Family:
+    def __init__(self, kept: bool = False, held: bool = False, generation: int = 5) -> None:
+        self.kept, self.held, self.last_generation, self.released = kept, held, generation, False
+
+    def kept_held(self) -> bool:
+        return self.kept
+
+    def counted_held(self) -> bool:
+        return self.held
+
+    def held_beyond_graph(self) -> bool:
+        return self.held
+
+
+class _Member:
+    def __init__(self, family: _Family | None = None) -> None:
+        self.family = family or _Family()
+
+    def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
+        return False
+
+
+def test_a_replay_spares_only_the_members_its_footprint_meets() -> None:
+    """A's capture may have written [0, 100): B's outputs lie there, C's in a segment added after A.
+    So A's replay waits for B's held gradients, never for C's; B's and C's replays never wait for A."""
+    a, b, c = _Member(), _Member(), _Member()
+    group = poolgroups.PoolGroup((0, 1), a, footprint=((0, 100),), outputs=((0, 10),))
+    group.join(b, footprint=((10, 60),), outputs=((20, 30),))
+    group.join(c, footprint=((200, 300),), outputs=((200, 210),))
+    c.family.kept = c.family.held = True
+    assert not group.overwritten_held(a, 5, (1,))
+    b.family.kept = b.family.held = True
+    assert group.overwritten_held(a, 5, (1,))
+    a.family.kept = a.family.held = True
+    assert not group.overwritten_held(b, 5, (1,)) and not group.overwritten_held(c, 5, (1,))
+    group.leave(b)
+    assert not group.overwritten_held(a, 5, (1,)) and [id(m) for m in group.members] == [id(a), id(c)]
+
+
+def test_an_unknown_footprint_overwrites_every_later_member() -> None:
+    a, b = _Member(), _Member(_Family(kept=True, held=True))
+    group = poolgroups.PoolGroup((0, 1), a)  # footprint unknown
+    group.join(b, footprint=((500, 600),), outputs=((500, 510),))
+    assert group.overwritten_held(a, 5, (1,)) and not group.overwritten_held(b, 5, (1,))
+
+
+@pytest.mark.parametrize(
+    ("kin_of_b", "generation", "blocked"),
+    [
+        ("layer", 4, False),  # the same callable's output of an earlier call: the per-call contract
+        ("layer", 5, True),  # ... of this call
+        ("loss", 4, True),  # another callable's output, of any call: no contract covers it
+    ],
+)
+def test_held_outputs_of_another_callable_always_count(kin_of_b: str, generation: int, blocked: bool) -> None:
+    a, b = _Member(), _Member(_Family(held=True, generation=generation))
+    group = poolgroups.PoolGroup((0, 1), a, kin="layer", footprint=((0, 100),), outputs=((0, 10),))
+    group.join(b, kin=kin_of_b, footprint=((50, 60),), outputs=((50, 60),))
+    assert group.overwritten_held(a, 5, (1,)) is blocked
+
+
+def test_the_step_pool_needs_the_layout_and_opens_a_new_pool_once_the_last_is_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocator, "has_pool_layout", lambda: False)
+    assert poolgroups.step_group(CPU) is None
+    handles = iter([(0, 41), (0, 42)])
+    monkeypatch.setattr(allocator, "has_pool_layout", lambda: True)
+    monkeypatch.setattr(allocator, "new_pool", lambda: next(handles))
+    group = poolgroups.step_group(CPU)
+    assert group is not None and group.handle == (0, 41)
+    member = _Member()
+    group.join(member)
+    assert poolgroups.step_group(CPU) is group
+    group.leave(member)
+    again = poolgroups.step_group(CPU)
+    assert again is not None and again is not group and again.handle == (0, 42)
+
+
+# --- a training step's graphs in one pool -----------------------------------------------------------
+
+
+def _step_runners(
+    monkeypatch: pytest.MonkeyPatch, generation: list[int], footprints_known: bool
+) -> tuple[GraceRunner, GraceRunner, list[tuple[GraphRole, list[torch.Tensor]]]]:
+    """A forward (returns ``x * 2`` to the caller and saves ``x + 1``) and a backward (two gradients,
+    ``g * 2`` and ``g + 1``) over fake captures into the device's step pool. A capture's footprint is its
+    own outputs (``footprints_known``) or unknown."""
+    captures: list[tuple[GraphRole, list[torch.Tensor]]] = []
+    placeholders = {GraphRole.FORWARD: torch.zeros(2, 3), GraphRole.BACKWARD: torch.zeros(2, 3)}
+    group = poolgroups.PoolGroup((0, 9))
+    monkeypatch.setattr(grace.runplan, "step_group", lambda device: group)
+
+    def capture(facts: Any, args: Sequence[Any]) -> Any:
+        role = facts.plan.role
+        own, placeholder = [torch.zeros(2, 3), torch.zeros(2, 3)], placeholders[role]
+        captures.append((role, own))
+
+        class Writes:
+            def replay(self) -> None:
+                own[0].copy_(placeholder * 2)
+                own[1].copy_(placeholder + 1)
+
+        graph = fakes.captured_graph(
+            Writes(), placeholders={0: placeholder}, outputs=list(own), kept_from=facts.plan.kept_from
+        )
+        assert facts.pool_group is group  # both roles capture into the step's pool
+        footprint = graph.output_spans() if footprints_known else None
+        graph.join_pool_group(facts.pool_group, facts.record, footprint)
+        return graph
+
+    fakes.cpu_warmup(monkeypatch)
+    fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
+    options = GraceOptions(step_pool=True)
+
+    def runner(role: GraphRole, kept_from: int) -> GraceRunner:
+        plan = RunnerPlan(
+            "h",
+            CPU,
+            static_indices=(),
+            dynamic_indices=(0,),
+            scalar_indices=(),
+            role=role,
+            kept_from=kept_from,
+        )
+        return GraceRunner(lambda x: [x * 2, x + 1], plan, options, None)
+
+    return runner(GraphRole.FORWARD, 1), runner(GraphRole.BACKWARD, 0), captures
+
+
+@pytest.mark.parametrize("footprints_known", [False, True])
+def test_a_forward_in_the_step_pool_spares_a_held_gradient_it_may_overwrite(
+    monkeypatch: pytest.MonkeyPatch, footprints_known: bool
+) -> None:
+    """The first step's gradient stays held (as a ``.grad`` that is never zeroed). The forward, captured
+    before the backward into the same pool, may overwrite it where its footprint is unknown: from then
+    on it replays a second set, captured after the backward's first. Where its footprint is its own
+    outputs only, it replays its first set throughout. Every value is the eager one, every call."""
+    generation = [1]
+    forward, backward, captures = _step_runners(monkeypatch, generation, footprints_known)
+    forward(torch.zeros(2, 3))  # warm-up
+    backward(torch.zeros(2, 3))
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for step in range(2, 6):
+        generation[0] = step
+        x = torch.full((2, 3), float(step))
+        out, saved = forward(x)
+        torch.testing.assert_close(out, x * 2)
+        torch.testing.assert_close(saved, x + 1)
+        grad = backward(saved)[0]  # the other gradient dies at once
+        torch.testing.assert_close(grad, (x + 1) * 2)
+        if not held:
+            held.append((grad, (x + 1) * 2))  # kept past the step, as a ``.grad`` would be
+        for value, expected in held:
+            torch.testing.assert_close(value, expected)
+        del out, saved, grad
+    roles = [role for role, _ in captures]
+    assert roles.count(GraphRole.FORWARD) == (1 if footprints_known else 2)
+    assert roles.count(GraphRole.BACKWARD) == 2  # the first set's gradient is held
