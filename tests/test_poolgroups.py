@@ -83,9 +83,11 @@ def test_no_layout_without_cuda() -> None:
 # --- which replay may overwrite which outputs -----------------------------------------------------
 
 
-class _Family:
-    def __init__(self, kept: bool = False, held: bool = False, generation: int = 5) -> None:
-        self.kept, self.held, self.last_generation, self.released = kept, held, generation, False
+class _StubFamily:
+    def __init__(
+        self, *, kept: bool = False, held: bool = False, generation: int = 1, released: bool = False
+    ):
+        self.kept, self.held, self.last_generation, self.released = kept, held, generation, released
 
     def kept_held(self) -> bool:
         return self.kept
@@ -97,18 +99,43 @@ class _Family:
         return self.held
 
 
-class _Member:
-    def __init__(self, family: _Family | None = None) -> None:
-        self.family = family or _Family()
+class _StubGraph:
+    def __init__(self, family: _StubFamily, read: bool = False) -> None:
+        self.family, self.read = family, read
 
     def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
-        return False
+        return self.read
+
+
+@pytest.mark.parametrize(
+    ("later", "args", "blocked"),
+    [
+        (_StubGraph(_StubFamily()), (1,), False),  # nothing of the later set held
+        (_StubGraph(_StubFamily(kept=True, held=True, generation=1)), (1,), True),  # saved tensors
+        (_StubGraph(_StubFamily(held=True, generation=5)), (1,), True),  # a caller's output of this call
+        (_StubGraph(_StubFamily(held=True, generation=4)), (1,), False),  # of an earlier call: contract
+        (_StubGraph(_StubFamily(held=True, generation=4), read=True), (1,), True),  # ... that it reads
+        (_StubGraph(_StubFamily(held=True, generation=4)), None, True),  # no args: every holder counts
+        (_StubGraph(_StubFamily(held=True, released=True)), (1,), True),  # released, output alive
+        (_StubGraph(_StubFamily(held=False, released=True)), (1,), False),
+    ],
+)
+def test_which_outputs_of_a_later_set_block_an_earlier_sets_replay(
+    later: _StubGraph, args: Sequence[Any] | None, blocked: bool
+) -> None:
+    """Note: [Graphs in one pool]: ``PoolGroup.overwritten_held`` in compiled call 5, footprints unknown.
+    Only sets captured after the replaying one count: the earlier one never blocks the later one."""
+    first = _StubGraph(_StubFamily(kept=True, held=True))
+    group = poolgroups.PoolGroup((0, 1), first)
+    group.join(later)
+    assert group.overwritten_held(first, 5, args) is blocked
+    assert group.overwritten_held(later, 5, args) is False
 
 
 def test_a_replay_spares_only_the_members_its_footprint_meets() -> None:
     """A's capture may have written [0, 100): B's outputs lie there, C's in a segment added after A.
     So A's replay waits for B's held gradients, never for C's; B's and C's replays never wait for A."""
-    a, b, c = _Member(), _Member(), _Member()
+    a, b, c = _StubGraph(_StubFamily()), _StubGraph(_StubFamily()), _StubGraph(_StubFamily())
     group = poolgroups.PoolGroup((0, 1), a, footprint=((0, 100),), outputs=((0, 10),))
     group.join(b, footprint=((10, 60),), outputs=((20, 30),))
     group.join(c, footprint=((200, 300),), outputs=((200, 210),))
@@ -123,7 +150,7 @@ def test_a_replay_spares_only_the_members_its_footprint_meets() -> None:
 
 
 def test_an_unknown_footprint_overwrites_every_later_member() -> None:
-    a, b = _Member(), _Member(_Family(kept=True, held=True))
+    a, b = _StubGraph(_StubFamily()), _StubGraph(_StubFamily(kept=True, held=True))
     group = poolgroups.PoolGroup((0, 1), a)  # footprint unknown
     group.join(b, footprint=((500, 600),), outputs=((500, 510),))
     assert group.overwritten_held(a, 5, (1,)) and not group.overwritten_held(b, 5, (1,))
@@ -138,7 +165,7 @@ def test_an_unknown_footprint_overwrites_every_later_member() -> None:
     ],
 )
 def test_held_outputs_of_another_callable_always_count(kin_of_b: str, generation: int, blocked: bool) -> None:
-    a, b = _Member(), _Member(_Family(held=True, generation=generation))
+    a, b = _StubGraph(_StubFamily()), _StubGraph(_StubFamily(held=True, generation=generation))
     group = poolgroups.PoolGroup((0, 1), a, kin="layer", footprint=((0, 100),), outputs=((0, 10),))
     group.join(b, kin=kin_of_b, footprint=((50, 60),), outputs=((50, 60),))
     assert group.overwritten_held(a, 5, (1,)) is blocked
@@ -154,7 +181,7 @@ def test_the_step_pool_needs_the_layout_and_opens_a_new_pool_once_the_last_is_em
     monkeypatch.setattr(allocator, "new_pool", lambda: next(handles))
     group = poolgroups.step_group(CPU)
     assert group is not None and group.handle == (0, 41)
-    member = _Member()
+    member = _StubGraph(_StubFamily())
     group.join(member)
     assert poolgroups.step_group(CPU) is group
     group.leave(member)
