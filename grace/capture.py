@@ -362,6 +362,8 @@ def _record(
         except Exception as exc:
             _reset(graph)
             cuda_compat.clear_last_error()
+            if pool_group is not None:  # the pool stays shared: later captures must be able to use it
+                allocator.end_routing(device, pool_group.handle)
             raise CaptureError(SkipReason(SkipCode.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")) from exc
         finally:
             current.wait_stream(stream)

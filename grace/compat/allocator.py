@@ -9,8 +9,10 @@ device: the address ranges of its segments and of its allocated blocks. Facts re
 - ``torch.cuda.memory_snapshot()`` lists every segment with ``device``, ``address``, ``total_size``,
   ``segment_pool_id`` (the pool's id, as ``graph_pool_handle()`` and ``CUDAGraph.pool()`` give it) and
   ``blocks`` in address order, each with ``size`` and ``state`` (``active_allocated`` for a block in
-  use); newer releases give each block its ``address`` too, and take ``mempool_id`` and
-  ``include_traces`` to narrow and lighten the snapshot.
+  use); newer releases give each block its ``address`` too, and take ``include_traces`` to lighten it.
+- ``CUDAGraph.capture_end`` stops routing allocations to the pool only after ``cudaStreamEndCapture``
+  succeeds: a capture that fails leaves the pool marked as being recorded to, and every later capture
+  into it fails (``beginAllocateToPool: already recording``), so ``end_routing`` ends it by hand.
 - A private pool's segments go back to the device only once no graph captured into it is left
   (``use_count`` 0), so the ranges a graph's capture used stay the pool's while the graph lives.
 The capability (``has_pool_layout``) is probed from the snapshot function's signature and a segment's
@@ -21,6 +23,7 @@ Invariant: nothing here allocates device memory or runs CUDA work; never called 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Iterable
@@ -53,16 +56,10 @@ def has_pool_layout() -> bool:
     return torch.cuda.is_available() and hasattr(torch.cuda, "memory_snapshot")
 
 
-def _segments(pool: Any) -> list[dict[str, Any]]:
-    """The snapshot's segments, narrowed to ``pool`` where this torch can (a pool not made yet, or a
-    narrowing that fails, falls back to every segment: ``layout_of`` filters them anyway)."""
-    keywords = _snapshot_keywords()
-    kwargs: dict[str, Any] = {"include_traces": False} if "include_traces" in keywords else {}
-    if "mempool_id" in keywords:
-        try:
-            return list(torch.cuda.memory_snapshot(mempool_id=tuple(pool), **kwargs))
-        except Exception:
-            pass
+def _segments() -> list[dict[str, Any]]:
+    """Every segment of the snapshot (``layout_of`` keeps one pool's); never narrowed by ``mempool_id``,
+    whose handling differs between releases."""
+    kwargs: dict[str, Any] = {"include_traces": False} if "include_traces" in _snapshot_keywords() else {}
     return list(torch.cuda.memory_snapshot(**kwargs))
 
 
@@ -100,7 +97,7 @@ def pool_layout(device: torch.device, pool: Any) -> PoolLayout | None:
     if pool is None or not has_pool_layout():
         return None
     try:
-        segments = _segments(pool)
+        segments = _segments()
     except Exception:  # an allocator without snapshots (another backend): assume the worst
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -110,3 +107,16 @@ def pool_layout(device: torch.device, pool: Any) -> PoolLayout | None:
 def new_pool() -> Any:
     """A fresh pool id for ``capture_begin``, that graphs captured one after another can share."""
     return torch.cuda.graph_pool_handle()
+
+
+def end_routing(device: torch.device, pool: Any) -> None:
+    """After a failed capture into ``pool``: stop routing allocations to it where the failure left them
+    routed (nothing happens where they are not)."""
+    for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool"):
+        end = getattr(torch._C, name, None)
+        if end is None:
+            continue
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with contextlib.suppress(Exception):  # not being recorded to: the capture ended it
+            end(index, tuple(pool))
+        return
