@@ -345,9 +345,10 @@ def _record(
         try:
             with torch.cuda.stream(stream):
                 torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
-                if pool_group is not None:
-                    layouts.append(allocator.pool_layout(device, pool_group.handle))
-                torch_compat.capture_begin(graph, pool_group.handle if pool_group is not None else None)
+                handle = pool_group.capture_handle() if pool_group is not None else None
+                if handle is not None:
+                    layouts.append(allocator.pool_layout(device, handle))
+                torch_compat.capture_begin(graph, handle)
                 try:
                     outputs = fn(*capture_args)
                     if hooks:
@@ -357,8 +358,8 @@ def _record(
                 finally:
                     graph.capture_end()
                     torch_compat.clear_cublas_workspaces()
-                if pool_group is not None:
-                    layouts.append(allocator.pool_layout(device, pool_group.handle))
+                if handle is not None:
+                    layouts.append(allocator.pool_layout(device, handle))
         except Exception as exc:
             _reset(graph)
             cuda_compat.clear_last_error()

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 from grace import poolgroups, pools, streams
-from grace.compat import allocator
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import GraphSummary
@@ -43,7 +42,6 @@ from grace.outputs import (
     HeldState,
     OutputAlias,
     OutputFamily,
-    _pool_outputs,
     _pool_outputs_all,
     pool_output_bytes,
 )
@@ -356,11 +354,7 @@ class CapturedGraph:
         own, or one made with this graph first, its footprint the whole pool now (grace.poolgroups)."""
         owner = self.outputs_owner
         if owner.pool_group is None:
-            handle = torch_compat.graph_pool(owner.graph)
-            whole = poolgroups.whole_pool(allocator.pool_layout(owner.device, handle))
-            owner.pool_group = poolgroups.PoolGroup(
-                handle, owner, kin=kin, footprint=whole, outputs=owner.output_spans()
-            )
+            owner.pool_group = poolgroups.PoolGroup.around(owner, torch_compat.graph_pool(owner.graph), kin)
         return owner.pool_group
 
     def join_pool_group(
@@ -380,12 +374,15 @@ class CapturedGraph:
         return self.outputs_owner.family.last_writer not in (None, id(self))
 
     def output_spans(self) -> tuple[tuple[int, int], ...]:
-        """The address ranges of the storages of this graph's outputs in its pool, sorted."""
+        """The address ranges of the storages of this graph's outputs in its pool (``pool_positions``:
+        no parameter a forward returns for its backward, no view of an input), sorted."""
         spans = self._output_spans
         if spans is None:
-            found = _pool_outputs(self.outputs, self.aliases, self.device).values()
+            positions = self.pool_positions
+            found = _pool_outputs_all(self.outputs, self.aliases, self.device)
+            in_pool = [t for p, t in found.items() if positions is None or p in positions]
             spans = self._output_spans = poolgroups.merged(
-                (span.start, span.end) for span in map(StorageSpan.of, found)
+                (s.start, s.end) for s in map(StorageSpan.of, in_pool)
             )
         return spans
 

@@ -30,8 +30,9 @@ Note: [A training step in one pool] (option ``step_pool``) Every graph a device'
 captures (AOTAutograd's forwards and backwards, and their output sets) goes into one pool, as cudagraph
 trees keep one pool per device: a backward's temporaries and gradients then take the memory of the
 forwards' temporaries, and the slack of one segment list replaces that of a pool per graph. Needs the
-pool layout (without it each graph keeps a pool of its own); a new pool is opened once every member has
-left the last one (a pool no graph uses may be freed, and its id is not used again).
+pool layout (without it each graph keeps a pool of its own). A pool that no graph holds any more (its
+only capture declined, or every member released) may be freed, and torch refuses captures into a freed
+id: the next capture takes a fresh id (``PoolGroup.capture_handle``).
 
 Invariants:
 - a member's replay is allowed only while no output it may overwrite is still needed
@@ -50,7 +51,8 @@ from typing import Any
 from grace.compat import allocator
 from grace.compat.allocator import PoolLayout, Span
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # members and seats of every group
+_registry_lock = threading.Lock()  # the step groups
 
 
 Spans = tuple[Span, ...]  # sorted, disjoint [start, end) ranges
@@ -150,8 +152,25 @@ class PoolGroup:
         self._seats: dict[int, _Seat] = {}
         self.last_stream: Any = None
         self.last_stream_key: int | None = None
+        self._captured_into = first is not None  # a capture used the pool id
         if first is not None:
             self.join(first, kin=kin, footprint=footprint, outputs=outputs)
+
+    @classmethod
+    def around(cls, graph: Any, handle: Any, kin: object) -> PoolGroup:
+        """A group with ``graph``, captured alone into pool ``handle``, as its first member: its footprint
+        is the whole pool as it is now."""
+        footprint = whole_pool(allocator.pool_layout(graph.device, handle))
+        return cls(handle, graph, kin=kin, footprint=footprint, outputs=graph.output_spans())
+
+    def capture_handle(self) -> Any:
+        """The pool id the next capture into the group uses: a fresh one once a capture used the pool
+        and no member holds it any more (a declined or failed capture, a released member): a pool no
+        graph uses may be freed, and torch refuses captures into it again."""
+        if self._captured_into and not self.members:
+            self.handle = allocator.new_pool()
+        self._captured_into = True
+        return self.handle
 
     def join(
         self, graph: Any, *, kin: object = None, footprint: Spans | None = None, outputs: Spans = ()
@@ -159,20 +178,22 @@ class PoolGroup:
         """``graph`` was captured into the pool after every member; ``footprint``: the memory its replays
         may write (``capture_footprint``), ``outputs``: its outputs' storages."""
         seat = _Seat(graph, kin, footprint, outputs)
-        for other in self._seats.values():
-            if other.footprint is None or overlap(other.footprint, outputs):
-                other.overwrites.append(seat)
-            if footprint is not None and overlap(footprint, other.outputs):
-                seat.overwrites.append(other)
-        self._seats[id(graph)] = seat
-        self.members.append(graph)
+        with _lock:  # a release in another thread may leave at the same time
+            for other in self._seats.values():
+                if other.footprint is None or overlap(other.footprint, outputs):
+                    other.overwrites.append(seat)
+                if footprint is not None and overlap(footprint, other.outputs):
+                    seat.overwrites.append(other)
+            self._seats[id(graph)] = seat
+            self.members = [*self.members, graph]
 
     def leave(self, graph: Any) -> None:
-        seat = self._seats.pop(id(graph), None)
-        self.members = [m for m in self.members if m is not graph]
-        if seat is not None:
-            for other in self._seats.values():
-                other.overwrites = [s for s in other.overwrites if s is not seat]
+        with _lock:
+            seat = self._seats.pop(id(graph), None)
+            self.members = [m for m in self.members if m is not graph]
+            if seat is not None:
+                for other in self._seats.values():
+                    other.overwrites = [s for s in other.overwrites if s is not seat]
 
     def position(self, graph: Any) -> int:
         """Where ``graph`` was captured into the pool (past the end when it is not a member)."""
@@ -191,9 +212,6 @@ class PoolGroup:
         if seat is None:
             return False
         return any(_blocks(other, seat.kin, generation, args) for other in seat.overwrites)
-
-    def empty(self) -> bool:
-        return not self.members
 
 
 def _blocks(other: _Seat, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
@@ -214,19 +232,20 @@ _step_groups: dict[int, PoolGroup] = {}
 
 
 def step_group(device: Any) -> PoolGroup | None:
-    """The pool a device's training graphs share (Note: [A training step in one pool]): the current one
-    while it has members, else a new one; None where this torch cannot tell a capture's footprint."""
+    """The group a device's training graphs share (Note: [A training step in one pool]; its pool id is
+    renewed once no member holds the pool, ``capture_handle``); None where this torch cannot tell a
+    capture's footprint."""
     if not allocator.has_pool_layout():
         return None
     index = device.index if device.index is not None else 0
-    with _lock:
+    with _registry_lock:
         group = _step_groups.get(index)
-        if group is None or group.empty():  # a pool no graph uses any more may be freed: a fresh id
+        if group is None:
             group = _step_groups[index] = PoolGroup(allocator.new_pool())
         return group
 
 
 def forget_step_groups() -> None:
     """grace.reset(): later training graphs start a new pool (the released ones leave theirs)."""
-    with _lock:
+    with _registry_lock:
         _step_groups.clear()

@@ -171,22 +171,37 @@ def test_held_outputs_of_another_callable_always_count(kin_of_b: str, generation
     assert group.overwritten_held(a, 5, (1,)) is blocked
 
 
-def test_the_step_pool_needs_the_layout_and_opens_a_new_pool_once_the_last_is_empty(
+def test_the_step_pool_needs_the_layout_and_takes_a_fresh_id_once_no_member_holds_the_pool(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A capture declined before it joined, and a group whose members all left, leave a pool that may
+    be freed: the next capture takes a new id. While a member holds the pool, every capture shares it."""
     monkeypatch.setattr(allocator, "has_pool_layout", lambda: False)
     assert poolgroups.step_group(CPU) is None
-    handles = iter([(0, 41), (0, 42)])
+    handles = iter([(0, 41), (0, 42), (0, 43)])
     monkeypatch.setattr(allocator, "has_pool_layout", lambda: True)
     monkeypatch.setattr(allocator, "new_pool", lambda: next(handles))
     group = poolgroups.step_group(CPU)
-    assert group is not None and group.handle == (0, 41)
+    assert group is not None and poolgroups.step_group(CPU) is group
+    assert group.capture_handle() == (0, 41)  # declined: it never joins
+    assert group.capture_handle() == (0, 42)
     member = _StubGraph(_StubFamily())
     group.join(member)
-    assert poolgroups.step_group(CPU) is group
+    assert group.capture_handle() == (0, 42) and group.capture_handle() == (0, 42)
     group.leave(member)
-    again = poolgroups.step_group(CPU)
-    assert again is not None and again is not group and again.handle == (0, 42)
+    assert group.capture_handle() == (0, 43)
+
+
+def test_a_graph_in_a_pool_counts_only_the_outputs_in_its_pool() -> None:
+    """A forward returns a parameter for its backward: its storage is no output in the pool, so it
+    neither lies in the graph's footprint nor makes another member overwrite it."""
+    weight = torch.ones(4)
+    graph = fakes.captured_graph(
+        fakes.CountingReplay(), placeholders={}, outputs=[torch.zeros(3), weight], kept_from=0
+    )
+    graph.pool_positions = frozenset({0})
+    out = graph.outputs[0].untyped_storage()
+    assert graph.output_spans() == ((out.data_ptr(), out.data_ptr() + out.nbytes()),)
 
 
 # --- a training step's graphs in one pool -----------------------------------------------------------
@@ -270,3 +285,21 @@ def test_a_forward_in_the_step_pool_spares_a_held_gradient_it_may_overwrite(
     roles = [role for role, _ in captures]
     assert roles.count(GraphRole.FORWARD) == (1 if footprints_known else 2)
     assert roles.count(GraphRole.BACKWARD) == 2  # the first set's gradient is held
+
+
+def test_a_failed_capture_ends_the_routing_to_its_pool_where_torch_left_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch stops routing allocations to a pool only once ``cudaStreamEndCapture`` succeeds; after a
+    failed capture into a shared pool grace ends it, and a pool no longer routed to is no error."""
+    calls: list[tuple[int, tuple[int, int]]] = []
+
+    def end(device: int, pool: tuple[int, int]) -> None:
+        calls.append((device, pool))
+        if len(calls) > 1:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end, raising=False)
+    allocator.end_routing(torch.device("cuda", 1), (0, 7))
+    allocator.end_routing(torch.device("cuda", 1), (0, 7))  # nothing routed any more: no error
+    assert calls == [(1, (0, 7)), (1, (0, 7))]
