@@ -79,14 +79,19 @@ def _graph_launches(graphs: list[Any]) -> dict[str, int]:
     return launches
 
 
-def _why(graphs: list[Any]) -> list[tuple[str, str, list[Any]]]:
-    """Role, variant and skip reasons of each training graph's slots (for failure messages)."""
+def _why(graphs: list[Any]) -> str:
+    """Role, variant, launches and skip reasons of each training graph's slots, one line each and in
+    full (a failure message pytest does not shorten)."""
     roles = {info.callable_id: info.role for info in graphs}
-    return [
-        (roles[r["callable_id"]], r["variant"], r["skip_reasons"])
-        for r in stats.snapshot()
-        if r["callable_id"] in roles
-    ]
+    return "\n".join(
+        _record_line(r, roles[r["callable_id"]]) for r in stats.snapshot() if r["callable_id"] in roles
+    )
+
+
+def _record_line(record: dict[str, Any], role: str) -> str:
+    reasons = "; ".join(f"{s['code']}: {s['detail']}" for s in record["skip_reasons"])
+    counts = f"launches {record['graph_launches']}, held-output calls {record['held_output_calls']}"
+    return f"{role} {record['variant']} ({counts}): {reasons or 'no skip'}"
 
 
 def _step_both(
@@ -128,7 +133,7 @@ def test_training_steps_equal_eagers_and_run_in_cuda_graphs(
     eager, model, compiled = _pair(tmp_path, scg=False, step_pool=step_pool)
     _train(eager, model, compiled, steps=8)
     launches = _graph_launches(graphs)
-    assert launches.get("forward", 0) >= 5 and launches.get("backward", 0) >= 5, (launches, _why(graphs))
+    assert launches.get("forward", 0) >= 5 and launches.get("backward", 0) >= 5, f"{launches}\n{_why(graphs)}"
 
 
 def test_training_with_selective_graphs_equals_eager(tmp_path: Path, graphs: list[Any]) -> None:
@@ -172,10 +177,10 @@ def test_two_forwards_before_one_backward(
     forward = [r for r in stats.snapshot() if r["callable_id"] in _ids(graphs, "forward")]
     held = sum(r["held_output_calls"] for r in forward)
     if output_sets == 1:
-        assert held >= 3, forward
+        assert held >= 3, _why(graphs)
     else:
-        assert held == 0 and max(r["graphs_held"] for r in forward) == 2, forward
-        assert sum(r["graph_launches"] for r in forward) >= 6, forward
+        assert held == 0 and max(r["graphs_held"] for r in forward) == 2, _why(graphs)
+        assert sum(r["graph_launches"] for r in forward) >= 6, _why(graphs)
     if share_pool:
         torch.cuda.empty_cache()  # released candidates' pools go; the kept graphs' stay
         new_pools = _private_pools() - pools_before
@@ -231,7 +236,7 @@ def test_bf16_autocast_training_matches_eager(tmp_path: Path, graphs: list[Any])
         for module in (eager, model):
             module.zero_grad(set_to_none=True)
     launches = _graph_launches(graphs)
-    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, (launches, _why(graphs))
+    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, f"{launches}\n{_why(graphs)}"
 
 
 def test_fp16_autocast_with_a_grad_scaler_matches_eager(tmp_path: Path, graphs: list[Any]) -> None:
@@ -260,7 +265,7 @@ def test_fp16_autocast_with_a_grad_scaler_matches_eager(tmp_path: Path, graphs: 
         _same_params(eager, model, f"after step {step}", **tol)
     assert scales[0][0] == 2.0**14 and max(s for s, _ in scales) > 2.0**14, scales  # backed off, then grew
     launches = _graph_launches(graphs)
-    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, (launches, _why(graphs))
+    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, f"{launches}\n{_why(graphs)}"
 
 
 def test_a_compiled_optimizer_step_runs_once_per_call(tmp_path: Path) -> None:
@@ -333,4 +338,4 @@ def test_attention_dropout_runs_both_graphs_and_draws_eagers_masks(
             opt.zero_grad(set_to_none=True)
         _same_params(eager, model, f"after step {step}", **tol)
     launches = _graph_launches(graphs)
-    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, (launches, _why(graphs))
+    assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, f"{launches}\n{_why(graphs)}"
