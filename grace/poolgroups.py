@@ -4,7 +4,7 @@ Problem: a pool per captured graph wastes memory (each pool keeps its own slack,
 use the memory of a forward's temporaries), but graphs that share a pool may land on each other's
 memory, and a replay must never overwrite an output something still needs.
 
-Design: Note: [Graphs in one pool] Graphs may be captured into one pool (``PoolGroup``): a training graph's
+Note: [Graphs in one pool] Graphs may be captured into one pool (``PoolGroup``): a training graph's
 output sets (option ``output_sets_share_pool``, Note: [Output sets] in grace.outputsets), or every
 training graph of a device (Note: [A training step in one pool]). A capture allocates only blocks free
 at that moment, and every member keeps its outputs allocated while it lives, so a capture never lands
@@ -23,8 +23,9 @@ memory that was not in use by others throughout, that is every segment after the
 blocks in use both before and after, plus its own outputs (``capture_footprint``). Joining the group,
 a graph is noted as overwritten by each member whose footprint meets its outputs, and as overwriting
 each member whose outputs its footprint meets; a replay checks only those members, not the whole
-group. Where the layout is unknown (no snapshot in this torch, or the first set of a pool made before
-its group), the footprint is taken to be everything: it overwrites every member captured after it.
+group. The first output set, captured alone before its group was made, takes the whole pool as it is
+then (``PoolGroup.around``). Where the layout is unknown (no snapshot in this torch), the footprint is
+taken to be everything: the graph overwrites every member captured after it.
 
 Note: [A training step in one pool] (option ``step_pool``) Every graph a device's training step
 captures (AOTAutograd's forwards and backwards, and their output sets) goes into one pool, as cudagraph
