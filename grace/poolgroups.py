@@ -212,10 +212,10 @@ class PoolGroup:
         seat = self._seats.get(id(graph))
         if seat is None:
             return False
-        return any(_blocks(other, seat.kin, generation, args) for other in seat.overwrites)
+        return any(_still_needed(other, seat.kin, generation, args) for other in seat.overwrites)
 
 
-def _blocks(other: _Seat, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
+def _still_needed(other: _Seat, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
     """Whether an output of ``other`` is still needed (``PoolGroup.overwritten_held``)."""
     family = other.graph.family
     if family.released:
@@ -238,7 +238,7 @@ def step_group(device: Any) -> PoolGroup | None:
     capture's footprint."""
     if not allocator.has_pool_layout():
         return None
-    index = device.index if device.index is not None else 0
+    index = allocator.device_index(device)
     with _registry_lock:
         group = _step_groups.get(index)
         if group is None:

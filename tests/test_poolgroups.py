@@ -176,13 +176,14 @@ def test_the_step_pool_needs_the_layout_and_takes_a_fresh_id_once_no_member_hold
 ) -> None:
     """A capture declined before it joined, and a group whose members all left, leave a pool that may
     be freed: the next capture takes a new id. While a member holds the pool, every capture shares it."""
+    cuda = torch.device("cuda", 0)  # a device object only: nothing runs on it
     monkeypatch.setattr(allocator, "has_pool_layout", lambda: False)
-    assert poolgroups.step_group(CPU) is None
-    handles = iter([(0, 41), (0, 42), (0, 43)])
+    assert poolgroups.step_group(cuda) is None
+    handles = iter([(0, 41), (0, 42), (0, 43), (0, 44)])
     monkeypatch.setattr(allocator, "has_pool_layout", lambda: True)
     monkeypatch.setattr(allocator, "new_pool", lambda: next(handles))
-    group = poolgroups.step_group(CPU)
-    assert group is not None and poolgroups.step_group(CPU) is group
+    group = poolgroups.step_group(cuda)
+    assert group is not None and poolgroups.step_group(cuda) is group
     assert group.capture_handle() == (0, 41)  # declined: it never joins
     assert group.capture_handle() == (0, 42)
     member = _StubGraph(_StubFamily())
@@ -190,6 +191,8 @@ def test_the_step_pool_needs_the_layout_and_takes_a_fresh_id_once_no_member_hold
     assert group.capture_handle() == (0, 42) and group.capture_handle() == (0, 42)
     group.leave(member)
     assert group.capture_handle() == (0, 43)
+    other = poolgroups.step_group(torch.device("cuda", 1))
+    assert other is not None and other is not group and other.handle == (0, 44)  # a group per device
 
 
 def test_a_graph_in_a_pool_counts_only_the_outputs_in_its_pool() -> None:

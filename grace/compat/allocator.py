@@ -73,8 +73,8 @@ def _blocks(segment: dict[str, Any]) -> Iterable[tuple[int, int, str]]:
         address = start + size
 
 
-def layout_of(segments: Iterable[dict[str, Any]], device_index: int, pool: Any) -> PoolLayout | None:
-    """The layout of ``pool`` on ``device_index`` from snapshot ``segments``; None when a segment lacks
+def layout_of(segments: Iterable[dict[str, Any]], index: int, pool: Any) -> PoolLayout | None:
+    """The layout of ``pool`` on device ``index`` from snapshot ``segments``; None when a segment lacks
     the fields this needs."""
     wanted = tuple(pool)
     spans: list[Span] = []
@@ -82,7 +82,7 @@ def layout_of(segments: Iterable[dict[str, Any]], device_index: int, pool: Any) 
     for segment in segments:
         if "segment_pool_id" not in segment or "address" not in segment:
             return None
-        if int(segment.get("device", device_index)) != device_index:
+        if int(segment.get("device", index)) != index:
             continue
         if tuple(segment["segment_pool_id"]) != wanted:
             continue
@@ -100,8 +100,12 @@ def pool_layout(device: torch.device, pool: Any) -> PoolLayout | None:
         segments = _segments()
     except Exception:  # an allocator without snapshots (another backend): assume the worst
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return layout_of(segments, index, pool)
+    return layout_of(segments, device_index(device), pool)
+
+
+def device_index(device: torch.device) -> int:
+    """The CUDA device a pool lives on: ``device``'s index, or the current device where it names none."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def new_pool() -> Any:
@@ -116,7 +120,6 @@ def end_routing(device: torch.device, pool: Any) -> None:
         end = getattr(torch._C, name, None)
         if end is None:
             continue
-        index = device.index if device.index is not None else torch.cuda.current_device()
         with contextlib.suppress(Exception):  # not being recorded to: the capture ended it
-            end(index, tuple(pool))
+            end(device_index(device), tuple(pool))
         return
