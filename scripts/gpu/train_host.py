@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
-import json
 import pstats
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 from probe import graphs  # this directory is first on the path of a script run from it
-from train_memory import environment, forget_compiled, fresh_workload
+from train_memory import environment, forget_compiled, fresh_workload, record_entry
 
 import grace
 from suites.modes import reset_compilers
@@ -126,19 +125,13 @@ def main() -> int:
     deadline = time.monotonic() + args.deadline_s
     results = environment()
     path = args.out / "train_host.json"
+    modes = args.modes.split(";")
     for name in args.workloads.split(","):
-        if time.monotonic() > deadline:
-            results[name] = {"error": "deadline"}
-            continue
-        t0 = time.monotonic()
         grace.stats.reset()
-        try:
-            value = workload(name, args.modes.split(";"), args.warmup, args.rounds, args.profiled)
-        except Exception as exc:
-            value = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
-        value["seconds"] = round(time.monotonic() - t0, 1)
-        results[name] = value
-        path.write_text(json.dumps(results, indent=1, default=str))
+        run = functools.partial(workload, name, modes, args.warmup, args.rounds, args.profiled)
+        value = record_entry(results, name, path, deadline, run)
+        if value is None:
+            continue
         for mode, entry in value.items():
             if isinstance(entry, dict) and "step_ms" in entry:
                 profile = entry["profile"]

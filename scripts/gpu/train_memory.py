@@ -16,12 +16,14 @@ Writes ``train_memory.json`` under ``--out`` after every mode.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import sys
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,25 @@ def environment() -> dict[str, Any]:
     return {"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
 
 
+def record_entry(
+    results: dict[str, Any], key: str, path: Path, deadline: float, run: Callable[[], dict[str, Any]]
+) -> dict[str, Any] | None:
+    """``run()`` as ``results[key]`` (its error and trace where it raises), with its seconds, and
+    ``results`` written to ``path``; past ``deadline`` only a deadline error, and None."""
+    if time.monotonic() > deadline:
+        results[key] = {"error": "deadline"}
+        return None
+    t0 = time.monotonic()
+    try:
+        value = run()
+    except Exception as exc:
+        value = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+    value["seconds"] = round(time.monotonic() - t0, 1)
+    results[key] = value
+    path.write_text(json.dumps(results, indent=1, default=str))
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -161,17 +182,9 @@ def main() -> int:
     for name in args.workloads.split(","):
         for mode in args.modes.split(";"):
             key = f"{name}/{mode}"
-            if time.monotonic() > deadline:
-                results[key] = {"error": "deadline"}
+            value = record_entry(results, key, path, deadline, functools.partial(one, name, mode, args.calls))
+            if value is None:
                 continue
-            t0 = time.monotonic()
-            try:
-                value = one(name, mode, args.calls)
-            except Exception as exc:
-                value = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
-            value["seconds"] = round(time.monotonic() - t0, 1)
-            results[key] = value
-            path.write_text(json.dumps(results, indent=1, default=str))
             ends = [c["marks"][-1]["allocated_mib"] for c in value.get("per_call", [])]
             peaks = [max(m["peak_mib"] for m in c["marks"]) for c in value.get("per_call", [])]
             print(f"{key}: peaks {peaks} end-allocated {ends}", value.get("error", ""), flush=True)
