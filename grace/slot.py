@@ -200,7 +200,8 @@ class GraphSlot:
         if 1 + len(candidates) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
         group = None  # the step's pool when there is one (``decide``)
-        if training and options.output_sets_share_pool and not options.step_pool and self.graph is not None:
+        step_pool = self.runner.plan.step_pool(options)
+        if training and options.output_sets_share_pool and step_pool is None and self.graph is not None:
             group = self.graph.pool_group_for_sets(self.record)  # Note: [Graphs in one pool]
         self._keep_current()
         return self.decide(args, pool_group=group)
