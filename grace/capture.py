@@ -60,7 +60,6 @@ from grace import poolgroups, pools
 from grace.compat import allocator
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
-from grace.compat.allocator import PoolLayout
 from grace.cudagraph import graph_summary
 from grace.graph import CapturedGraph, _destroy, _reset
 from grace.outputs import (
@@ -231,9 +230,9 @@ def capture_graph(
     graph = _new_graph(keep_graph)
     hook_errors: list[BaseException] = []
     in_capture = hooks if not keep_graph else ()
-    layouts: list[PoolLayout | None] = []  # the group's pool before and after the capture
+    reading = poolgroups.CaptureReading()  # the group's pool around the capture
     outputs = _record(
-        fn, capture_args, graph, device, in_capture, placeholders, hook_errors, pool_group, layouts
+        fn, capture_args, graph, device, in_capture, placeholders, hook_errors, pool_group, reading
     )
     pristine = _pristine_copy(graph) if keep_graph and keep_pristine else None
     if keep_graph:
@@ -272,7 +271,7 @@ def capture_graph(
         kept_from=kept_from,
     )
     if pool_group is not None:
-        _join(captured, pool_group, pool_kin, layouts)
+        _join(captured, pool_group, pool_kin, reading)
     return captured
 
 
@@ -284,12 +283,11 @@ def _new_graph(keep_graph: bool) -> Any:
 
 
 def _join(
-    captured: CapturedGraph, group: poolgroups.PoolGroup, kin: object, layouts: Sequence[PoolLayout | None]
+    captured: CapturedGraph, group: poolgroups.PoolGroup, kin: object, reading: poolgroups.CaptureReading
 ) -> None:
-    """``captured`` joins ``group`` with the footprint its capture's ``layouts`` give (Note: [What a replay
-    can overwrite] in grace.poolgroups)."""
-    before, after = layouts if len(layouts) == 2 else (None, None)
-    captured.join_pool_group(group, kin, poolgroups.capture_footprint(before, after, captured.output_spans()))
+    """``captured`` joins ``group`` with the footprint its capture's ``reading`` gives (Note: [What a
+    replay can overwrite] in grace.poolgroups)."""
+    captured.join_pool_group(group, kin, reading.footprint(captured.output_spans()))
 
 
 def _raise_hook_errors(hook_errors: Sequence[BaseException], graph: Any, pristine: int | None) -> None:
@@ -331,12 +329,12 @@ def _record(
     placeholders: Mapping[int, torch.Tensor],
     hook_errors: list[BaseException],
     pool_group: poolgroups.PoolGroup | None,
-    layouts: list[PoolLayout | None],
+    reading: poolgroups.CaptureReading,
 ) -> Any:
     """Run ``fn`` on ``capture_args`` under capture on grace's side stream; returns its outputs.
     ``hooks`` run on the graph being captured (where this torch keeps no captured graph); the capture
-    goes into ``pool_group``'s pool, whose layout before and after it is appended to ``layouts``, or a
-    private one."""
+    goes into ``pool_group``'s pool (its layout before and after and the capture's allocations into
+    ``reading``), or a private one."""
     with _side_stream_lock:  # Note: [One side stream]
         stream = side_stream(device)
         current = torch.cuda.current_stream(device)
@@ -347,19 +345,19 @@ def _record(
                 torch_compat.clear_cublas_workspaces()  # Note: [cuBLAS workspaces]
                 handle = pool_group.capture_handle() if pool_group is not None else None
                 if handle is not None:
-                    layouts.append(allocator.pool_layout(device, handle))
-                torch_compat.capture_begin(graph, handle)
-                try:
-                    outputs = fn(*capture_args)
-                    if hooks:
-                        _run_hooks(
-                            hooks, cuda_compat.capturing_graph(stream.cuda_stream), placeholders, hook_errors
-                        )
-                finally:
-                    graph.capture_end()
-                    torch_compat.clear_cublas_workspaces()
+                    reading.before = allocator.pool_layout(device, handle)
+                with allocator.AllocationTrace(device, active=handle is not None) as trace:
+                    torch_compat.capture_begin(graph, handle)
+                    try:
+                        outputs = fn(*capture_args)
+                        if hooks:
+                            capturing = cuda_compat.capturing_graph(stream.cuda_stream)
+                            _run_hooks(hooks, capturing, placeholders, hook_errors)
+                    finally:
+                        graph.capture_end()
+                        torch_compat.clear_cublas_workspaces()
                 if handle is not None:
-                    layouts.append(allocator.pool_layout(device, handle))
+                    reading.after, reading.allocated = allocator.pool_layout(device, handle), trace.allocated
         except Exception as exc:
             _reset(graph)
             cuda_compat.clear_last_error()

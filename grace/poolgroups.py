@@ -17,10 +17,13 @@ outputs), and then the graph does not replay; the slot takes another set or make
 sets are taken earliest first, as a stack (grace.outputsets). A group also keeps one stream order, as
 one family does (Note: [Stream order] in grace.streams), so that no two members run at once.
 
-Note: [What a replay can overwrite] A capture into a group's pool reads the pool's layout (segments and
-blocks in use, ``grace.compat.allocator``) before and after: its replays can write only the pool's
+Note: [What a replay can overwrite] A replay writes only memory its capture allocated (its outputs and
+temporaries) or memory outside the pool. Where the allocator's history can be recorded around the
+capture (``allocator.AllocationTrace``), those blocks are the footprint. Otherwise the capture reads the
+pool's layout (segments and blocks in use) before and after: its replays can write only the pool's
 memory that was not in use by others throughout, that is every segment after the capture less the
-blocks in use both before and after, plus its own outputs (``capture_footprint``). Joining the group,
+blocks in use both before and after, plus its own outputs (``capture_footprint``): every free block,
+which makes a replay wait for nearly every member captured after it. Joining the group,
 a graph is noted as overwritten by each member whose footprint meets its outputs, and as overwriting
 each member whose outputs its footprint meets; a replay checks only those members, not the whole
 group. The first output set, captured alone before its group was made, takes the whole pool as it is
@@ -104,13 +107,34 @@ def overlap(a: Spans, b: Spans) -> bool:
     return bool(_intersection(a, b))
 
 
-def capture_footprint(before: PoolLayout | None, after: PoolLayout | None, outputs: Spans) -> Spans | None:
-    """Note: [What a replay can overwrite]: the pool's memory a graph's replay may write, from the pool's
-    layout before and after its capture; None when either is unknown."""
+def capture_footprint(
+    before: PoolLayout | None,
+    after: PoolLayout | None,
+    outputs: Spans,
+    allocated: Spans | None = None,
+) -> Spans | None:
+    """Note: [What a replay can overwrite]: the pool's memory a graph's replay may write: the blocks its
+    capture ``allocated`` in the pool where they are known, else the pool's free memory from its layout
+    before and after the capture; None when neither is known."""
+    if after is not None and allocated is not None:
+        return merged((*_intersection(merged(allocated), merged(after.segments)), *outputs))
     if before is None or after is None:
         return None
     untouched = _intersection(merged(before.allocated), merged(after.allocated))
     return merged((*_difference(merged(after.segments), untouched), *outputs))
+
+
+@dataclass
+class CaptureReading:
+    """What one capture into a group's pool read (grace.capture): the pool's layout before and after it,
+    and the blocks it allocated (None: not recorded, ``allocator.AllocationTrace``)."""
+
+    before: PoolLayout | None = None
+    after: PoolLayout | None = None
+    allocated: Spans | None = None
+
+    def footprint(self, outputs: Spans) -> Spans | None:
+        return capture_footprint(self.before, self.after, outputs, self.allocated)
 
 
 def whole_pool(layout: PoolLayout | None) -> Spans | None:

@@ -74,6 +74,66 @@ def test_a_pools_layout_from_the_allocators_snapshot() -> None:
     assert allocator.layout_of([{"address": 1, "blocks": []}], 0, (0, 7)) is None  # no pool ids: unknown
 
 
+def test_a_footprint_from_the_captures_own_allocations_leaves_free_blocks_it_did_not_take() -> None:
+    """The layout alone gives every free block ([10, 100) and [200, 300)); the trace says the capture
+    took [20, 30) (its output) and [60, 70) (a temporary), and [400, 500) lies outside the pool."""
+    before = PoolLayout(segments=((0, 100),), allocated=((0, 10),))
+    after = PoolLayout(segments=((0, 100), (200, 300)), allocated=((0, 10), (20, 30)))
+    allocated = ((20, 30), (60, 70), (400, 500))
+    footprint = poolgroups.capture_footprint(before, after, ((20, 30),), allocated)
+    assert footprint == ((20, 30), (60, 70))
+    assert poolgroups.capture_footprint(None, None, ((20, 30),), allocated) is None  # no pool: unknown
+
+
+def test_the_allocations_a_history_names() -> None:
+    entries = [
+        {"action": "segment_alloc", "addr": 0, "size": 1 << 21},
+        {"action": "alloc", "addr": 4096, "size": 100},  # a block spans its request rounded up to 512
+        {"action": "free_requested", "addr": 4096, "size": 100},
+        {"action": "alloc", "addr": 0, "size": 1024},
+    ]
+    assert allocator.allocations_of(entries) == ((0, 1024), (4096, 4608))
+    assert allocator.allocations_of(entries, limit=4) is None  # the ring may have dropped entries
+    assert allocator.allocations_of([{"action": "alloc", "addr": 1}]) is None
+
+
+class _History:
+    """The allocator's history as torch's private functions expose it, on a CPU."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+        self.enabled, self.calls = enabled, []
+        self.entries = [{"action": "alloc", "addr": 1024, "size": 512}]
+        monkeypatch.setattr(allocator, "has_allocation_history", lambda: True)
+        monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: self.enabled, raising=False)
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", self.record)
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"device_traces": [self.entries]})
+
+    def record(self, enabled: str | None, **kwargs: Any) -> None:
+        self.calls.append((enabled, kwargs.get("clear_history", False)))
+        self.enabled = enabled is not None
+
+
+def test_a_trace_turns_the_history_on_and_off_around_what_it_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    history = _History(monkeypatch, enabled=False)
+    with allocator.AllocationTrace(torch.device("cuda", 0)) as trace:
+        assert history.enabled
+    assert trace.allocated == ((1024, 1536),)
+    assert history.calls == [("all", True), (None, False)] and not history.enabled
+    with pytest.raises(RuntimeError), allocator.AllocationTrace(torch.device("cuda", 0)) as failed:
+        raise RuntimeError("the capture failed")
+    assert failed.allocated is None and not history.enabled
+    with allocator.AllocationTrace(torch.device("cuda", 0), active=False) as idle:
+        pass
+    assert idle.allocated is None and len(history.calls) == 4
+
+
+def test_a_trace_leaves_a_recording_it_did_not_start_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    history = _History(monkeypatch, enabled=True)
+    with allocator.AllocationTrace(torch.device("cuda", 0)) as trace:
+        pass
+    assert trace.allocated is None and history.calls == [] and history.enabled
+
+
 def test_no_layout_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA build with a device: the layout is known")

@@ -33,12 +33,16 @@ def _capture(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, pool: 
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     before = allocator.pool_layout(DEVICE, pool)
-    with torch.cuda.graph(graph, pool=pool):
+    with allocator.AllocationTrace(DEVICE) as trace, torch.cuda.graph(graph, pool=pool):
         out = fn(x)
     after = allocator.pool_layout(DEVICE, pool)
     storage = out.untyped_storage()
     spans = ((storage.data_ptr(), storage.data_ptr() + storage.nbytes()),)
-    return graph, out, poolgroups.capture_footprint(before, after, spans), spans
+    exact = poolgroups.capture_footprint(before, after, spans, trace.allocated)
+    coarse = poolgroups.capture_footprint(before, after, spans)
+    if exact is not None and coarse is not None:  # the trace only narrows what the layout allows
+        assert poolgroups.merged((*exact, *coarse)) == coarse
+    return graph, out, exact, spans
 
 
 def test_footprints_of_two_captures_into_one_pool_bound_what_a_replay_overwrites() -> None:
@@ -61,3 +65,22 @@ def test_footprints_of_two_captures_into_one_pool_bound_what_a_replay_overwrites
     if not poolgroups.overlap(footprint1, spans2):
         torch.testing.assert_close(out2, expected2, msg="a replay wrote outside its footprint")
     del g1, g2
+
+
+def test_a_capture_records_its_allocations_and_leaves_a_users_recording_alone() -> None:
+    if not allocator.has_allocation_history():
+        pytest.skip("this torch records no allocator history grace may use")
+    x = torch.randn(64, N // 64, device=DEVICE)
+    pool = allocator.new_pool()
+    _, out, footprint, spans = _capture(_chain, x, pool)
+    assert footprint is not None and poolgroups.overlap(footprint, spans)
+    assert not torch._C._cuda_isHistoryEnabled(), "grace's recording was left on"
+    torch.cuda.memory._record_memory_history("all", context=None)
+    try:
+        with allocator.AllocationTrace(DEVICE) as trace:
+            torch.empty(1 << 20, device=DEVICE)
+        assert trace.allocated is None, "a user's recording was read"
+        assert torch._C._cuda_isHistoryEnabled(), "a user's recording was turned off"
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+    del out

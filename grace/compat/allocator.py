@@ -18,7 +18,14 @@ device: the address ranges of its segments and of its allocated blocks. Facts re
 The capability (``has_pool_layout``) is probed from the snapshot function's signature and a segment's
 fields; without it ``pool_layout`` returns None and callers assume the worst (grace.pools).
 
-Invariant: nothing here allocates device memory or runs CUDA work; never called during a capture.
+The layout cannot tell which free blocks a capture's temporaries took. ``AllocationTrace`` can: around a
+capture it turns the allocator's history on (``alloc`` entries with ``addr`` and the requested ``size``,
+no stacks), reads the entries and turns it off again. It does so only where the history is off (a
+user's recording is neither changed nor read) and this torch can clear the history when it starts;
+an entry count at the limit (the ring may have dropped the first ones) or a missing field gives None.
+
+Invariant: nothing here allocates device memory or runs CUDA work; never called during a capture
+(``AllocationTrace`` is entered before ``capture_begin`` and left after ``capture_end``).
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -123,3 +131,88 @@ def end_routing(device: torch.device, pool: Any) -> None:
         with contextlib.suppress(Exception):  # not being recorded to: the capture ended it
             end(device_index(device), tuple(pool))
         return
+
+
+_HISTORY_ENTRIES = 1 << 20  # a capture allocating more than this many blocks gets no trace
+_ALIGNMENT = 512  # the caching allocator's smallest block: a block spans its request rounded up to it
+
+
+@functools.cache
+def _history_keywords() -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(torch.cuda.memory._record_memory_history).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return frozenset()
+
+
+def has_allocation_history() -> bool:
+    """Whether grace may record which blocks a capture allocates (Note at the top: ``AllocationTrace``)."""
+    needed = {"context", "stacks", "max_entries", "clear_history"}
+    return (
+        has_pool_layout()
+        and hasattr(torch._C, "_cuda_isHistoryEnabled")
+        and hasattr(torch.cuda.memory, "_snapshot")
+        and needed <= _history_keywords()
+    )
+
+
+def allocations_of(
+    entries: Sequence[dict[str, Any]], limit: int = _HISTORY_ENTRIES
+) -> tuple[Span, ...] | None:
+    """The blocks the ``alloc`` entries of one device's history name, sorted; None where the history
+    may be incomplete (``limit`` entries or more) or an entry lacks its address or size."""
+    if len(entries) >= limit:
+        return None
+    spans: list[Span] = []
+    for entry in entries:
+        if entry.get("action") != "alloc":
+            continue
+        if "addr" not in entry or "size" not in entry:
+            return None
+        start, size = int(entry["addr"]), int(entry["size"])
+        spans.append((start, start + -(-size // _ALIGNMENT) * _ALIGNMENT))
+    return tuple(sorted(spans))
+
+
+class AllocationTrace:
+    """``with AllocationTrace(device) as trace: ...``: afterwards ``trace.allocated`` holds the blocks
+    allocated on ``device`` inside the block (from the allocator's history), or None where grace could
+    not record them: no such history in this torch, a recording someone else started, an error, or
+    ``active`` False (nothing is recorded)."""
+
+    def __init__(self, device: torch.device, *, active: bool = True) -> None:
+        self.device = device
+        self.active = active
+        self.allocated: tuple[Span, ...] | None = None
+        self._owned = False
+
+    def __enter__(self) -> AllocationTrace:
+        if not self.active or not has_allocation_history():
+            return self
+        try:
+            if torch._C._cuda_isHistoryEnabled():
+                return self
+            torch.cuda.memory._record_memory_history(
+                "all", context=None, stacks="python", max_entries=_HISTORY_ENTRIES, clear_history=True
+            )
+            self._owned = True
+        except Exception:  # no trace: the caller's footprint stays the layout's
+            self._owned = False
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._owned:
+            return
+        try:
+            if kind is None:
+                traces = torch.cuda.memory._snapshot()["device_traces"]
+                index = device_index(self.device)
+                self.allocated = allocations_of(traces[index]) if index < len(traces) else None
+        except Exception:  # an unreadable history: no trace
+            self.allocated = None
+        finally:
+            self._owned = False
+            with contextlib.suppress(Exception):
+                torch.cuda.memory._record_memory_history(None)
