@@ -16,14 +16,16 @@ Design: ``free_set`` picks the set. Sets in pools of their own are tried most re
 one pool (Note: [Graphs in one pool] in grace.poolgroups) are tried earliest first, as a stack: a set
 may replay only while the sets captured after it are free, so layer 1 takes the first set, layer 2 the
 second, and the next step starts again from the first; the latest set taken for layer 1 would block
-every earlier one for layer 2, and the slot would make a new set at every step.
+every earlier one for layer 2, and the slot would make a new set at every step. A replay whose own set
+is free first looks for an earlier free one (``earlier_free_set``); one whose set is held goes to
+``free_set`` at once, which tries every set earliest first.
 
 Invariant: a set is picked only when ``held_outputs`` says a replay overwrites nothing held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from grace.outputs import HeldState
@@ -42,17 +44,38 @@ def free_set(
     args: Sequence[Any],
     generation: int,
     group: PoolGroup | None,
-    before: int | None = None,
 ) -> int | None:
     """The index, among ``candidates`` (``same_inputs``) of ``kept``, of the set this call can replay,
     in the order of the module docstring, or None. ``group``: the pool the slot's sets share (None:
-    pools of their own); ``before``: only sets captured into it before that position."""
-    if group is None:
-        order = list(candidates)[::-1]
-    else:
-        ranked = sorted((group.position(kept[i].graph.outputs_owner), i) for i in candidates)
-        order = [i for rank, i in ranked if before is None or rank < before]
+    pools of their own)."""
+    order = list(candidates)[::-1] if group is None else _earliest_first(kept, candidates, group, None)
+    return _first_free(kept, order, args, generation, check_inputs=False)
+
+
+def earlier_free_set(
+    kept: Sequence[Any], args: Sequence[Any], generation: int, group: PoolGroup, before: int
+) -> int | None:
+    """The index in ``kept`` of the earliest set captured into ``group`` before position ``before``, for
+    the static inputs of ``args``, that this call can replay, or None. Asked on every replay of a set in
+    a shared pool: the order is read first, and the static inputs only of the sets it leaves."""
+    order = _earliest_first(kept, range(len(kept)), group, before)
+    return _first_free(kept, order, args, generation, check_inputs=True)
+
+
+def _earliest_first(
+    kept: Sequence[Any], indices: Iterable[int], group: PoolGroup, before: int | None
+) -> list[int]:
+    ranked = sorted((group.position(kept[i].graph.outputs_owner), i) for i in indices)
+    return [i for rank, i in ranked if before is None or rank < before]
+
+
+def _first_free(
+    kept: Sequence[Any], order: Sequence[int], args: Sequence[Any], generation: int, *, check_inputs: bool
+) -> int | None:
     for i in order:
-        if kept[i].graph.held_outputs(generation, args) is HeldState.NONE:
+        graph = kept[i].graph
+        if check_inputs and not graph.static_inputs_unmoved(args):
+            continue
+        if graph.held_outputs(generation, args) is HeldState.NONE:
             return i
     return None

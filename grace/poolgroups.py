@@ -145,13 +145,14 @@ def whole_pool(layout: PoolLayout | None) -> Spans | None:
 @dataclass(eq=False)
 class _Seat:
     """A member of a pool group: its graph, which callable it serves (``kin``), its footprint (None:
-    unknown, taken as every later member's memory) and outputs, and the members its replay may
-    overwrite an output of."""
+    unknown, taken as every later member's memory) and outputs, the members its replay may overwrite an
+    output of, and where it was captured among the group's members (``order``, increasing)."""
 
     graph: Any
     kin: object
     footprint: Spans | None
     outputs: Spans
+    order: int = 0
     overwrites: list[_Seat] = field(default_factory=list)
 
 
@@ -175,6 +176,7 @@ class PoolGroup:
         self.handle = handle
         self.members: list[Any] = []
         self._seats: dict[int, _Seat] = {}
+        self._joined = 0  # members that ever joined: the next one's order
         self.last_stream: Any = None
         self.last_stream_key: int | None = None
         self._captured_into = first is not None  # a capture used the pool id
@@ -202,8 +204,9 @@ class PoolGroup:
     ) -> None:
         """``graph`` was captured into the pool after every member; ``footprint``: the memory its replays
         may write (``capture_footprint``), ``outputs``: its outputs' storages."""
-        seat = _Seat(graph, kin, footprint, outputs)
         with _lock:  # a release in another thread may leave at the same time
+            seat = _Seat(graph, kin, footprint, outputs, order=self._joined)
+            self._joined += 1
             for other in self._seats.values():
                 if other.footprint is None or overlap(other.footprint, outputs):
                     other.overwrites.append(seat)
@@ -221,11 +224,10 @@ class PoolGroup:
                     other.overwrites = [s for s in other.overwrites if s is not seat]
 
     def position(self, graph: Any) -> int:
-        """Where ``graph`` was captured into the pool (past the end when it is not a member)."""
-        for position, member in enumerate(self.members):
-            if member is graph:
-                return position
-        return len(self.members)
+        """Where ``graph`` was captured into the pool, as an order among the members (later captures
+        rank higher; past every member when it is not one)."""
+        seat = self._seats.get(id(graph))
+        return seat.order if seat is not None else self._joined
 
     def overwritten_held(self, graph: Any, generation: int, args: Sequence[Any] | None) -> bool:
         """Whether a replay of ``graph`` now, in compiled call ``generation`` on ``args``, could overwrite

@@ -136,9 +136,10 @@ class GraphSlot:
             return self._static_moved(args)
         if not self.runner.options.clone_outputs:
             generation = torch_compat.compiled_call_generation()
-            if graph.shared_pool is not None and self._swap_in_earlier_set(args, generation):
-                return self.run(args)
             held = graph.held_outputs(generation, args)
+            earlier = held is not HeldState.HELD and graph.shared_pool is not None  # else: every set, below
+            if earlier and self._swap_in_earlier_set(args, generation):
+                return self.run(args)
             if held is not HeldState.NONE:
                 if graph.shares_outputs and self._held_by_family(graph, args, held):
                     return self._leave_family(args)
@@ -213,8 +214,7 @@ class GraphSlot:
         group = graph.shared_pool
         assert group is not None
         before = group.position(graph.outputs_owner)
-        candidates = outputsets.same_inputs(self.kept, args)
-        free = outputsets.free_set(self.kept, candidates, args, generation, group, before=before)
+        free = outputsets.earlier_free_set(self.kept, args, generation, group, before)
         if free is None:
             return False
         self._swap_in(self.kept.pop(free))
