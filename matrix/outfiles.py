@@ -8,12 +8,12 @@ and the exports would be unreadable to everyone but their writer, whatever the u
 Design: ``replace_file`` writes through a callback into a temporary file beside the target, gives it the
 mode a plain ``open`` would have given (``0o666`` less the umask) and renames it over the target;
 ``public_mode`` gives that mode (``0o777`` less the umask for folders) for callers that stage a folder.
-``write_document`` is the generated documents' way (its folder made; a target that is a folder, or
-that cannot be written, is a ``ConfigError`` of one line, not a traceback); ``check_target`` is that
-check for a caller that writes otherwise.
+``write_document`` is the generated documents' way (its folder made; a target that is a folder, an
+SQLite database (a store) or cannot be written is a ``ConfigError`` of one line, not a traceback);
+``check_target`` is that check for a caller that writes otherwise.
 
-Invariant: a target is either its old content or its complete new content, never a mix; what is
-written has the mode the umask gives, as any file the user creates.
+Invariant: a target is either its old content or its complete new content, never a mix; no output
+replaces a store; what is written has the mode the umask gives, as any file the user creates.
 """
 
 from __future__ import annotations
@@ -58,10 +58,26 @@ def replace_file(target: Path, write: Callable[[TextIO], _T]) -> _T:
     return result
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def check_target(target: Path) -> None:
-    """ConfigError when ``target`` is a folder: a file is written there, never into a folder's place."""
+    """ConfigError when ``target`` is a folder (a file is written there, never into a folder's place) or
+    an SQLite database (a store, the one a command reads or another: never overwritten by an output)."""
     if target.is_dir():
         raise ConfigError(f"{target}: is a folder; give the path of a file to write")
+    if _is_sqlite_database(target):
+        raise ConfigError(f"{target}: is an SQLite database (a store?); not overwritten, give another path")
+
+
+def _is_sqlite_database(path: Path) -> bool:
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as head:
+            return head.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    except OSError:  # unreadable: whatever it is, writing will say so
+        return False
 
 
 def write_document(target: Path, text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_support import one_error_line
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -230,3 +232,12 @@ def test_a_final_newline_is_never_written_plain() -> None:
     """``$`` matches before a final newline: "A\\n" once passed as a plain scalar and lost its newline."""
     data = {"k": "A\n", "l": ["A\n", "x"]}
     assert yaml.safe_load(ciyaml.dump(data)) == data
+
+
+def test_write_never_replaces_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store.sqlite"
+    sqlite3.connect(store).execute("create table t (x)").connection.commit()
+    before = store.read_bytes()
+    assert main(["ci-plan", "--write", "--config", str(MATRIX), "--output", str(store)]) == 2
+    assert "is an SQLite database" in one_error_line(capsys)
+    assert store.read_bytes() == before

@@ -334,6 +334,22 @@ def test_an_output_that_cannot_be_a_file_is_one_line_and_exit_2(store, tmp_path,
     assert [p.name for p in folder.iterdir()] == ["keep.txt"] and blocker.read_text() == "kept"
 
 
+@pytest.mark.parametrize("command", ["results-doc", "compatibility", "paper-doc", "export"])
+def test_an_output_never_replaces_a_store(store, tmp_path, capsys, command) -> None:
+    """The store the command reads, named as its output by another spelling, and any other SQLite
+    database: one line, exit 2, both unchanged and the store still readable."""
+    own = Path(store.removeprefix("sqlite:///"))
+    other = tmp_path / "other.sqlite"
+    sqlite3.connect(other).execute("create table t (x)").connection.commit()
+    before = {path: path.read_bytes() for path in (own, other)}
+    for target in (own.parent / ".." / own.parent.name / own.name, other):
+        capsys.readouterr()
+        assert main([command, "-o", str(target)]) == 2, target
+        assert "is an SQLite database" in one_error_line(capsys)
+    assert {path: path.read_bytes() for path in (own, other)} == before
+    assert main(["summary"]) == 0
+
+
 def test_a_site_under_a_file_is_one_line_and_exit_2(store, tmp_path, capsys) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("kept")

@@ -10,6 +10,7 @@ from typing import Any
 from matrix.cells import default_config_path, load_matrix
 from matrix.ciplan import WORKFLOW_PATH, build_workflow, drift, render
 from matrix.errors import MatrixError
+from matrix.outfiles import write_document
 from matrix.runners import load_runners
 from matrix_cli.commands._output import info, print_json
 
@@ -58,8 +59,7 @@ def handle(args: argparse.Namespace) -> int:
             )
         info(f"grace-matrix: {target} matches {matrix.source}")
     elif args.write:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        write_document(target, text)  # atomically; never over a folder or a store
         info(f"grace-matrix: wrote {target}")
     if args.json:
         print_json(build_workflow(matrix, runners)[1].to_dict())
