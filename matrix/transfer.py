@@ -249,15 +249,34 @@ def read_jsonl(
         raise TransferError(f"{source}: empty file; expected a grace-matrix export")
 
 
+MAX_LINE = 64 << 20  # an export line is tens of kilobytes; past this it is no export (or /dev/zero)
+
+
+def _bounded(lines: Iterable[str] | Iterable[bytes]) -> Iterator[str | bytes]:
+    """The lines of ``lines``; a file's read at most ``MAX_LINE + 1`` at a time, so that input without
+    line ends is never read whole."""
+    readline = getattr(lines, "readline", None)
+    if readline is None:
+        yield from lines
+        return
+    while line := readline(MAX_LINE + 1):
+        yield line
+
+
 def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
     """``enumerate(lines, 1)`` as text; lines may be bytes (a file opened in binary, which gives exact line
-    numbers), decoded here; a line that is not UTF-8 text is a ``TransferError``."""
-    iterator = iter(lines)
+    numbers), decoded here; a line that is not UTF-8 text, or longer than ``MAX_LINE``, is a
+    ``TransferError``."""
+    iterator = _bounded(lines)
     number = 0
     while True:
         number += 1
         try:
             line = next(iterator)
+            if len(line) > MAX_LINE:
+                raise TransferError(
+                    f"{source}:{number}: a line of more than {MAX_LINE} bytes; not a grace-matrix export"
+                )
             text = line.decode("utf-8") if isinstance(line, bytes) else str(line)
         except StopIteration:
             return

@@ -22,6 +22,7 @@ from sqlalchemy import select
 from store_content import fresh_database, pg_base_url
 
 from dashboards.site import slug
+from matrix import transfer
 from matrix.cells import load_matrix, parse_matrix
 from matrix.errors import ConfigError
 from matrix.fingerprint import Environment
@@ -207,6 +208,23 @@ def test_unreadable_exports_are_one_line_and_exit_2(store, tmp_path, capsys, con
     capsys.readouterr()
     assert main(["ingest", str(path)]) == 2
     assert expected in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["ingest", "report"])
+def test_an_export_line_without_end_is_read_only_up_to_the_limit(
+    store, tmp_path, capsys, monkeypatch, command
+) -> None:
+    """A file with no line end (``/dev/zero``, a binary) is refused after ``MAX_LINE`` bytes, not read
+    whole; the store is unchanged."""
+    monkeypatch.setattr(transfer, "MAX_LINE", 4096)
+    path = tmp_path / "endless.jsonl"
+    path.write_bytes(_header().encode() + b"\n" + b"\0" * 5000)
+    before = Path(store.removeprefix("sqlite:///")).read_bytes()
+    capsys.readouterr()
+    args = ["report", "--input", str(path)] if command == "report" else ["ingest", str(path)]
+    assert main(args) == 2
+    assert "endless.jsonl:2: a line of more than 4096 bytes" in one_error_line(capsys)
+    assert Path(store.removeprefix("sqlite:///")).read_bytes() == before
 
 
 def test_a_reused_run_uid_is_a_configuration_error(store) -> None:
