@@ -35,6 +35,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from matrix.errors import ConfigError
+from matrix.infiles import read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -209,7 +210,7 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
     """Read and validate matrix.toml; raises ConfigError with the key and the problem."""
     path = Path(path) if path is not None else default_config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise ConfigError(

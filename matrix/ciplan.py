@@ -41,6 +41,7 @@ from typing import Any
 from matrix import ciyaml
 from matrix.cells import CellSpec, Matrix
 from matrix.errors import ConfigError
+from matrix.infiles import read_text
 from matrix.runners import RunnerConfig, RunnerProfile
 
 logger = logging.getLogger(__name__)
@@ -362,7 +363,7 @@ def render(matrix: Matrix, runners: RunnerConfig) -> str:
 def drift(expected: str, path: Path) -> list[str]:
     """The unified diff from the file at ``path`` to ``expected``; empty when they agree."""
     try:
-        current = path.read_text(encoding="utf-8")
+        current = read_text(path)
     except FileNotFoundError:
         current = ""
     if current == expected:

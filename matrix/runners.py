@@ -29,6 +29,7 @@ from typing import Any
 
 from matrix.cells import CellKind, CellSpec, Matrix
 from matrix.errors import ConfigError
+from matrix.infiles import read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -146,7 +147,7 @@ class RunnerConfig:
 def load_runners(path: str | Path | None = None) -> RunnerConfig:
     path = Path(path) if path is not None else DEFAULT_RUNNERS_PATH
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: runner file not found; pass --runners PATH") from None
     except OSError as exc:

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from store_content import fresh_database, pg_base_url
 
 from dashboards.site import slug
-from matrix import transfer
+from matrix import infiles, transfer
 from matrix.cells import load_matrix, parse_matrix
 from matrix.errors import ConfigError
 from matrix.fingerprint import Environment
@@ -225,6 +225,31 @@ def test_an_export_line_without_end_is_read_only_up_to_the_limit(
     assert main(args) == 2
     assert "endless.jsonl:2: a line of more than 4096 bytes" in one_error_line(capsys)
     assert Path(store.removeprefix("sqlite:///")).read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cells", "--config", "{path}"],
+        ["regressions", "--thresholds", "{path}"],
+        ["regressions", "--expected", "{path}"],
+        ["dashboard", "--out", "{site}", "--paper", "{path}"],
+        ["ci-plan", "--config", "{path}"],
+    ],
+)
+def test_a_configuration_file_is_read_only_up_to_the_bound(
+    store, tmp_path, capsys, monkeypatch, command
+) -> None:
+    """A file given for a configuration or data file that holds more than the bound (``/dev/zero`` holds
+    endless bytes) is refused once the bound is read: one line, exit 2, no site written."""
+    monkeypatch.setattr(infiles, "MAX_TEXT_BYTES", 4096)
+    path = tmp_path / "endless.toml"
+    path.write_bytes(b"# " + b"x" * 5000)
+    args = [part.format(path=path, site=tmp_path / "site") for part in command]
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "more than 4096 bytes" in one_error_line(capsys)
+    assert not (tmp_path / "site").exists()
 
 
 def test_a_reused_run_uid_is_a_configuration_error(store) -> None:

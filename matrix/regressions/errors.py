@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError, MatrixError
+from matrix.infiles import read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +32,7 @@ class RegressionsConfigError(RegressionsError, ConfigError):
 def read_config_toml(path: Path, what: str) -> dict[str, Any]:
     """The TOML table of a thresholds or expected-status file; RegressionsConfigError names ``what``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as exc:
         raise RegressionsConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
     try:

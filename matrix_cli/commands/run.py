@@ -9,6 +9,7 @@ from typing import Any
 
 from matrix.cells import default_config_path, load_matrix
 from matrix.errors import ConfigError
+from matrix.infiles import read_text
 from matrix.runner import ENV_CELL, ENV_LABEL, record_install_failure, run_cell
 from matrix.store.db import default_url, open_store
 from matrix.store.models import RunStatus
@@ -47,7 +48,7 @@ def handle(args: argparse.Namespace) -> int:
         message = args.install_failed
         if message.startswith("@"):
             try:
-                message = Path(message[1:]).read_text(encoding="utf-8", errors="replace")
+                message = read_text(Path(message[1:]), errors="replace")
             except OSError as exc:
                 raise ConfigError(f"--install-failed {message}: {exc.strerror}") from None
         result = record_install_failure(Session, cell, message, label)
