@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +176,23 @@ def test_concurrent_recorder_sessions_on_one_new_store_all_record(tmp_path: Path
     with Session() as s:
         assert set(s.scalars(select(Run.status))) == {RunStatus.COMPLETE.value}
     Session.kw["bind"].dispose()
+
+
+def test_a_store_another_process_is_creating_opens_once_its_writer_is_done(tmp_path: Path) -> None:
+    """SQLite switches a store to WAL mode under an exclusive lock taken without its busy handler: while
+    another connection writes a store not yet in WAL mode (the first opener creating it), the switch
+    fails at once with 'database is locked' (CI saw one of eight concurrent first ingests fail). Opening
+    waits for the writer instead."""
+    path = tmp_path / "store.sqlite"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE creating (x)")
+    done = threading.Timer(0.5, lambda: writer.execute("COMMIT"))
+    done.start()
+    try:
+        Session = open_store(f"sqlite:///{path}")
+        with Session() as session:
+            assert session.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        done.join()
+        writer.close()

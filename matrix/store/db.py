@@ -25,6 +25,7 @@ import enum
 import logging
 import os
 import sqlite3
+import time
 import urllib.parse
 import zlib
 from collections.abc import Iterator
@@ -136,11 +137,32 @@ def make_engine(url: str | None = None, access: StoreAccess = StoreAccess.CREATE
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
         if path is not None and access is not StoreAccess.READ_ONLY:
-            cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the recording writer
+            _use_wal(cursor)  # readers never block the recording writer
             cursor.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe in WAL mode
         cursor.close()
 
     return engine
+
+
+_WAL_WAIT_S = 60.0  # as long as the connection's busy timeout
+
+
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch a SQLite store to WAL mode. The switch takes an exclusive lock without SQLite's busy
+    handler, so while another process holds a lock on a store not yet in WAL mode (several openers of a
+    new store) it fails at once with 'database is locked': it is retried here until the busy timeout."""
+    if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    deadline, pause = time.monotonic() + _WAL_WAIT_S, 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def open_store(url: str | None = None, access: StoreAccess = StoreAccess.CREATE) -> sessionmaker[Session]:
