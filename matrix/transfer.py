@@ -182,11 +182,8 @@ def header() -> dict[str, Any]:
     }
 
 
-def iter_export(
-    session: Session, run_filter: RunFilter = RunFilter(), progress: bool = False
-) -> Iterator[dict[str, Any]]:
-    """The export's items (header first) as dicts, reading ``session`` lazily."""
-    yield header()
+def selected_runs(session: Session, run_filter: RunFilter = RunFilter()) -> list[Run]:
+    """The runs ``run_filter`` selects, oldest first."""
     stmt = select(Run).join(Run.cell).order_by(Run.started_at, Run.id)
     if run_filter.uids:
         stmt = stmt.where(Run.uid.in_(run_filter.uids))
@@ -194,7 +191,15 @@ def iter_export(
         stmt = stmt.where(Run.label.in_(run_filter.labels))
     if run_filter.cells:
         stmt = stmt.where(Cell.cell_id.in_(run_filter.cells))
-    runs = list(session.scalars(stmt))
+    return list(session.scalars(stmt))
+
+
+def iter_export(
+    session: Session, run_filter: RunFilter = RunFilter(), progress: bool = False
+) -> Iterator[dict[str, Any]]:
+    """The export's items (header first) as dicts, reading ``session`` lazily."""
+    yield header()
+    runs = selected_runs(session, run_filter)
     for run in tqdm(runs, desc="export", unit="run", disable=not progress, leave=False):
         yield {"type": "run", **_dump(run, Run), "cell": _dump(run.cell, Cell)}
         for table, model in _TABLES.items():

@@ -35,7 +35,7 @@ def store(tmp_path: Path) -> str:
 
 
 def test_a_selection_that_matches_nothing_is_one_error_line(
-    store: str, capsys: pytest.CaptureFixture[str]
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for command in ("summary", "report"):
         assert main([command, "--db", store, "--cell", "nosuch"]) == 1
@@ -43,6 +43,11 @@ def test_a_selection_that_matches_nothing_is_one_error_line(
         assert err == [f"grace-matrix: error: no {'run' if command == 'summary' else 'result'} in the "
                        "store matches --cell nosuch"]  # fmt: skip
     assert main(["summary", "--db", store]) == 0  # no selection: every cell's latest run
+    target = tmp_path / "export.jsonl"
+    assert main(["export", "--db", store, "--label", "nosuch", "-o", str(target)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["grace-matrix: error: no run in the store matches --label nosuch"]
+    assert not target.exists()  # a typo writes no empty export
 
 
 def test_report_reads_several_export_files_after_one_input_option(

@@ -8,11 +8,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ConfigError
+from matrix.errors import ConfigError, MatrixError
 from matrix.outfiles import check_target, replace_file
 from matrix.store.db import StoreAccess, open_store
-from matrix.transfer import RunFilter, export_jsonl
-from matrix_cli.commands._output import info, print_json
+from matrix.transfer import RunFilter, export_jsonl, selected_runs
+from matrix_cli.commands._output import info, print_json, selection_text
 
 
 def register(subparsers: Any) -> None:
@@ -27,7 +27,10 @@ def register(subparsers: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     Session = open_store(args.db, StoreAccess.EXISTING)
     run_filter = RunFilter(uids=args.run, labels=args.label, cells=args.cell)
+    selection = selection_text(args, ("run", "label", "cell"))
     with Session() as session:
+        if selection and not selected_runs(session, run_filter):  # nothing written: a typo is no export
+            raise MatrixError(f"no run in the store matches {selection}")
         if args.output == "-":
             counts = export_jsonl(session, sys.stdout, run_filter)
         else:
