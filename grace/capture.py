@@ -357,7 +357,8 @@ def _record(
                         graph.capture_end()
                         torch_compat.clear_cublas_workspaces()
                 if handle is not None:
-                    reading.after, reading.allocated = allocator.pool_layout(device, handle), trace.allocated
+                    reading.after = allocator.pool_layout(device, handle, trace.segments)
+                    reading.allocated = trace.allocated
         except Exception as exc:
             _reset(graph)
             cuda_compat.clear_last_error()

@@ -106,7 +106,9 @@ class _History:
         monkeypatch.setattr(allocator, "has_allocation_history", lambda: True)
         monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: self.enabled, raising=False)
         monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", self.record)
-        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"device_traces": [self.entries]})
+        self.segments = [_segment(1024, (0, 7), [(512, "active_allocated")])]
+        snapshot = {"segments": self.segments, "device_traces": [self.entries]}
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: snapshot)
 
     def record(self, enabled: str | None, **kwargs: Any) -> None:
         self.calls.append((enabled, kwargs.get("clear_history", False)))
@@ -119,6 +121,10 @@ def test_a_trace_turns_the_history_on_and_off_around_what_it_records(monkeypatch
         assert history.enabled
     assert trace.allocated == ((1024, 1536),)
     assert history.calls == [("all", True), (None, False)] and not history.enabled
+    monkeypatch.setattr(allocator, "has_pool_layout", lambda: True)
+    monkeypatch.setattr(allocator, "_segments", lambda: pytest.fail("a second snapshot was taken"))
+    layout = allocator.pool_layout(torch.device("cuda", 0), (0, 7), trace.segments)  # the trace's own
+    assert layout == PoolLayout(segments=((1024, 1536),), allocated=((1024, 1536),))
     with pytest.raises(RuntimeError), allocator.AllocationTrace(torch.device("cuda", 0)) as failed:
         raise RuntimeError("the capture failed")
     assert failed.allocated is None and not history.enabled

@@ -100,14 +100,19 @@ def layout_of(segments: Iterable[dict[str, Any]], index: int, pool: Any) -> Pool
     return PoolLayout(tuple(sorted(spans)), tuple(sorted(allocated)))
 
 
-def pool_layout(device: torch.device, pool: Any) -> PoolLayout | None:
-    """The layout of ``pool`` (a pool id) on ``device`` now, or None where this torch cannot tell."""
+def pool_layout(
+    device: torch.device, pool: Any, segments: list[dict[str, Any]] | None = None
+) -> PoolLayout | None:
+    """The layout of ``pool`` (a pool id) on ``device`` now, or None where this torch cannot tell;
+    ``segments``: a snapshot's segments taken now (``AllocationTrace.segments``), read instead of
+    another snapshot."""
     if pool is None or not has_pool_layout():
         return None
-    try:
-        segments = _segments()
-    except Exception:  # an allocator without snapshots (another backend): assume the worst
-        return None
+    if segments is None:
+        try:
+            segments = _segments()
+        except Exception:  # an allocator without snapshots (another backend): assume the worst
+            return None
     return layout_of(segments, device_index(device), pool)
 
 
@@ -178,12 +183,14 @@ class AllocationTrace:
     """``with AllocationTrace(device) as trace: ...``: afterwards ``trace.allocated`` holds the blocks
     allocated on ``device`` inside the block (from the allocator's history), or None where grace could
     not record them: no such history in this torch, a recording someone else started, an error, or
-    ``active`` False (nothing is recorded)."""
+    ``active`` False (nothing is recorded). ``trace.segments``: the segments of the snapshot the
+    history was read from, as the block left them (None where none was taken)."""
 
     def __init__(self, device: torch.device, *, active: bool = True) -> None:
         self.device = device
         self.active = active
         self.allocated: tuple[Span, ...] | None = None
+        self.segments: list[dict[str, Any]] | None = None
         self._owned = False
 
     def __enter__(self) -> AllocationTrace:
@@ -207,11 +214,12 @@ class AllocationTrace:
             return
         try:
             if kind is None:
-                traces = torch.cuda.memory._snapshot()["device_traces"]
+                snapshot = torch.cuda.memory._snapshot()
+                traces, self.segments = snapshot["device_traces"], list(snapshot["segments"])
                 index = device_index(self.device)
                 self.allocated = allocations_of(traces[index]) if index < len(traces) else None
         except Exception:  # an unreadable history: no trace
-            self.allocated = None
+            self.allocated, self.segments = None, None
         finally:
             self._owned = False
             with contextlib.suppress(Exception):
