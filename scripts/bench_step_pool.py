@@ -51,9 +51,11 @@ MODES = ("own-pools", "step-pool-layout", "step-pool-traced")
 Step = Callable[[], None]
 
 
-def _capture(traced: bool) -> Callable[[Any, Sequence[Any]], Any]:
+def _capture(traced: bool, counts: dict[GraphRole, int]) -> Callable[[Any, Sequence[Any]], Any]:
+    """Fake captures whose outputs number ``counts`` per role (what the runner's callable returns)."""
+
     def capture(facts: Any, args: Sequence[Any]) -> Any:
-        outputs = [torch.zeros(64) for _ in range(_OUTPUTS[facts.plan.role])]
+        outputs = [torch.zeros(64) for _ in range(counts[facts.plan.role])]
         placeholders = {i: torch.zeros_like(a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
 
         class Replay:
@@ -71,11 +73,7 @@ def _capture(traced: bool) -> Callable[[Any, Sequence[Any]], Any]:
     return capture
 
 
-_OUTPUTS: dict[GraphRole, int] = {}  # outputs per capture, by role (the runner's callable returns as many)
-
-
 def _runner(role: GraphRole, inputs: int, outputs: int, options: GraceOptions) -> GraceRunner:
-    _OUTPUTS[role] = 1 + outputs
     plan = RunnerPlan(
         "h",
         CPU,
@@ -94,7 +92,8 @@ def _mode(mode: str, args: argparse.Namespace, mp: pytest.MonkeyPatch, generatio
     options = GraceOptions(step_pool=mode != "own-pools")
     forward = _runner(GraphRole.FORWARD, 1, args.saved, options)
     backward = _runner(GraphRole.BACKWARD, args.saved + 1, args.grads, options)
-    capture = _capture(traced=mode == "step-pool-traced")
+    counts = {GraphRole.FORWARD: 1 + args.saved, GraphRole.BACKWARD: 1 + args.grads}
+    capture = _capture(mode == "step-pool-traced", counts)
 
     def step() -> None:
         mp.setattr(grace.runplan, "step_group", lambda device: group)
