@@ -6,11 +6,14 @@ batch 4; the suites' static-KV decode step) it times, interleaved, per call:
 - ``raw_copy``: the same after copying the call's inputs into the graph's own;
 - ``dynamo_floor``: ``torch.compile`` with a backend that returns a fixed output: Dynamo's frame and guards;
 - ``grace_direct``: the callable grace's backend gave Dynamo, called with the arguments Dynamo passed it;
+- ``grace_runner``: grace's runner alone, called with the arguments Inductor's compiled graph passed it
+  (what lies between it and ``grace_direct`` is AOTAutograd's and Inductor's wrappers);
 - ``grace``, ``pt2cg``, ``inductor``, ``eager``: the whole call as a user makes it.
 Both ``b2b`` (mean of back-to-back calls between one event pair) and ``lat`` (one call between
 synchronisations) are kept as raw samples. The layers then read: Dynamo = ``dynamo_floor``; grace's own
-work = ``grace_direct`` - ``raw`` (or ``raw_copy`` where grace copies); the remainder of ``grace`` is
-the handover between them. Writes ``host_layers.json`` under ``--out`` and prints a table (us per call).
+work = ``grace_runner`` - ``raw`` (or ``raw_copy`` where grace copies); the wrappers = ``grace_direct`` -
+``grace_runner``; the remainder of ``grace`` is the handover between Dynamo and the wrappers. Writes
+``host_layers.json`` under ``--out`` and prints a table (us per call).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 import grace
 from grace.backend import GraceBackend
 from grace.options import GraceOptions
+from grace.runner import GraceRunner
 from suites.raw_graph import RawGraph
 from suites.timing import time_back_to_back, time_interleaved
 from suites.workloads import get
@@ -80,6 +84,28 @@ class _Recorder:
         return call
 
 
+class _RunnerCalls:
+    """While entered, records each call of a grace runner with its arguments (the last one kept)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, tuple[GraceRunner, tuple[Any, ...]]] = {}
+
+    def __enter__(self) -> _RunnerCalls:
+        original = GraceRunner.__call__
+        calls = self.calls
+
+        def recording(runner: GraceRunner, *args: Any) -> Any:
+            calls[id(runner)] = (runner, args)
+            return original(runner, *args)
+
+        self._original = original
+        GraceRunner.__call__ = recording  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        GraceRunner.__call__ = self._original  # type: ignore[method-assign]
+
+
 def _fixed_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     out = gm(*example_inputs)
     return lambda *args: out
@@ -98,9 +124,10 @@ def _modes(
     }
     raw = RawGraph(torch.compile(model), copy_inputs=False)
     raw_copy = RawGraph(torch.compile(model), copy_inputs=True)
-    for fn in (*compiled.values(), raw, raw_copy):
-        for _ in range(8):
-            fn(*inputs)
+    with _RunnerCalls() as runner_calls:
+        for fn in (*compiled.values(), raw, raw_copy):
+            for _ in range(8):
+                fn(*inputs)
     torch.cuda.synchronize()
     calls: dict[str, Callable[[], Any]] = {name: (lambda fn=fn: fn(*inputs)) for name, fn in compiled.items()}
     calls["raw"] = raw.timed_call(inputs)
@@ -108,6 +135,9 @@ def _modes(
     if len(recorder.runners) == 1:  # one graph: its runner can be called as Dynamo calls it
         runner, args = recorder.runners[0], recorder.last_args[0]
         calls["grace_direct"] = lambda: runner(*args)
+    if len(runner_calls.calls) == 1:  # one runner: called as Inductor's compiled graph calls it
+        grace_runner, runner_args = next(iter(runner_calls.calls.values()))
+        calls["grace_runner"] = lambda: grace_runner(*runner_args)
     return calls, recorder
 
 
@@ -132,7 +162,10 @@ def run(samples: int, cache_dir: str) -> dict[str, Any]:
     return results
 
 
-ORDER = ("raw", "raw_copy", "dynamo_floor", "grace_direct", "grace", "pt2cg", "inductor", "eager")
+ORDER = (
+    *("raw", "raw_copy", "dynamo_floor", "grace_runner", "grace_direct"),
+    *("grace", "pt2cg", "inductor", "eager"),
+)
 
 
 def main() -> int:
