@@ -16,6 +16,7 @@
 #   writes      scripts/gpu/write_probe.py $GRACE_WRITES_ARGS (which mode sequence makes a training backward
 #               under grace write its saved tensors, with every Inductor lowering's donated inputs)
 #   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
+#   steps       scripts/gpu/runner_steps.py (each step of a steady runner call timed on its own)
 #   timeline    scripts/gpu/call_timeline.py $GRACE_TIMELINE_ARGS (a synchronised call's device timeline)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 #   head        the next part of the head run at $GRACE_MATRIX_GIT_SHA (a full commit id): what
@@ -110,6 +111,8 @@ for spec in "${STEPS[@]}"; do
         ${GRACE_PROFHANG_ARGS:-} ;;
     layers)
       timeout -s INT -k 20 "$limit" python scripts/gpu/host_layers.py --out "$OUT/layers" ;;
+    steps)
+      timeout -s INT -k 20 "$limit" python scripts/gpu/runner_steps.py --out "$OUT/steps" ;;
     timeline)
       # shellcheck disable=SC2086  # GRACE_TIMELINE_ARGS holds several words on purpose
       timeout -s INT -k 20 "$limit" python scripts/gpu/call_timeline.py --out "$OUT/timeline" \

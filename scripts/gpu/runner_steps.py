@@ -1,0 +1,174 @@
+"""A steady grace call taken apart: each step of the runner's replay path timed on its own, on one GPU.
+
+``host_layers.py`` says how much of a call is grace's (``grace_runner`` - ``raw``); this says which of
+the runner's steps it is. For the seed demo (four elementwise ops on 1M floats) and a 16-layer
+Linear(256)+GELU stack it compiles the model with grace, calls it until the slot replays its graph, then
+times, back to back and in a seeded random order per round, the whole runner call and each step that
+call makes on a steady replay (the checks before the launch, the PI table update, the launch itself,
+the outputs handed back), each step called alone with the same arguments. The steps' sum need not equal
+the whole call (the call's own frames and locks lie between them); a step that costs far more on the
+GPU's host than the CPU stand-in says is where the time goes. Writes ``runner_steps.json`` under
+``--out`` (raw samples, us per call) and prints the medians.
+
+usage: python scripts/gpu/runner_steps.py --out DIR [--rounds 15] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._dynamo.mutation_guard import GenerationTracker
+
+import grace
+from grace import pools, streams
+from grace.backend import GraceBackend
+from grace.compat import torch as torch_compat
+from grace.options import GraceOptions
+from grace.runner import GraceRunner
+from suites.workloads import get
+
+
+def _stack() -> torch.nn.Module:
+    layers = [m for _ in range(16) for m in (torch.nn.Linear(256, 256), torch.nn.GELU())]
+    return torch.nn.Sequential(*layers).cuda().eval()
+
+
+def _workloads() -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    torch.manual_seed(0)
+    seed_model, seed_inputs = get("seed_elementwise_1m").factory("standard")(
+        torch.device("cuda"), torch.float32
+    )
+    return {
+        "seed_demo": (seed_model, tuple(seed_inputs)),
+        "linear_gelu_16": (_stack(), (torch.randn(4, 256, device="cuda"),)),
+    }
+
+
+def _runner_and_args(
+    model: Any, inputs: tuple[Any, ...], cache_dir: str
+) -> tuple[GraceRunner, tuple[Any, ...]]:
+    """Compile with grace, call until steady, and return the one runner with the arguments it was given."""
+    seen: dict[int, tuple[GraceRunner, tuple[Any, ...]]] = {}
+    original = GraceRunner.__call__
+
+    def recording(runner: GraceRunner, *args: Any) -> Any:
+        seen[id(runner)] = (runner, args)
+        return original(runner, *args)
+
+    compiled = torch.compile(model, backend=GraceBackend(GraceOptions(cache_dir=cache_dir)))
+    GraceRunner.__call__ = recording  # type: ignore[method-assign,assignment]
+    try:
+        for _ in range(30):
+            compiled(*inputs)
+    finally:
+        GraceRunner.__call__ = original  # type: ignore[method-assign]
+    torch.cuda.synchronize()
+    if len(seen) != 1:
+        raise SystemExit(f"expected one grace runner, found {len(seen)}")
+    return next(iter(seen.values()))
+
+
+def _steps(runner: GraceRunner, args: tuple[Any, ...]) -> dict[str, Callable[[], Any]]:
+    recent = runner._recent
+    if recent is None:
+        raise SystemExit("the runner has no recent slot: not steady")
+    slot = recent.slot
+    graph = slot.graph
+    if graph is None or graph.pi_plan is None:
+        raise SystemExit(f"the slot replays no PI graph (state {slot.state})")
+    plan = graph.pi_plan
+    generation = torch_compat.compiled_call_generation()
+    device = graph.device
+
+    def runner_call() -> Any:
+        GenerationTracker.generation += 1  # each call a compiled call of its own, as Dynamo counts them
+        return runner(*args)
+
+    return {
+        "runner_call": runner_call,
+        "release_unheld": pools.release_unheld,
+        "calling_threads_note": streams.calling_threads.note,
+        "recent_matches": lambda: recent.matches(args),
+        "static_unmoved": lambda: graph.static_inputs_unmoved(args),
+        "call_generation": torch_compat.compiled_call_generation,
+        "held_outputs": lambda: graph.held_outputs(generation, args),
+        "inputs_moved": lambda: slot._inputs_moved(args),
+        "order_streams": graph.order_streams,
+        "stream_key": lambda: streams.current_stream_key(device),
+        "pi_update": lambda: plan.update(args),
+        "copy_in_none": lambda: graph.copy_in(args, ()),
+        "graph_replay": graph.graph.replay,
+        "collect_outputs": lambda: graph.collect_outputs(args, False),
+    }
+
+
+def _sample(fn: Callable[[], Any], calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    rng = random.Random(0)
+    for name, (model, inputs) in _workloads().items():
+        torch._dynamo.reset()
+        grace.reset()
+        with torch.no_grad():
+            runner, args = _runner_and_args(model, inputs, cache_dir)
+            steps = _steps(runner, args)
+            for fn in steps.values():
+                fn()
+            samples: dict[str, list[float]] = {step: [] for step in steps}
+            record = runner._recent.slot.record if runner._recent is not None else None
+            replays_before = record.graph_calls if record is not None else 0
+            for _ in range(rounds):
+                order = list(steps)
+                rng.shuffle(order)
+                for step in order:
+                    samples[step].append(_sample(steps[step], calls))
+            replays = (record.graph_calls if record is not None else 0) - replays_before
+        results[name] = {
+            "runner_calls": rounds * calls,
+            "runner_calls_replayed": replays,
+            "samples_us": samples,
+            "median_us": {step: statistics.median(values) for step, values in samples.items()},
+        }
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=2000)
+    ns = parser.parse_args()
+    ns.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        results = run(ns.rounds, ns.calls, cache_dir)
+    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+    document = {"format_version": 1, "env": env, "rounds": ns.rounds, "calls": ns.calls, "results": results}
+    (ns.out / "runner_steps.json").write_text(json.dumps(document))
+    for name, result in results.items():
+        replayed = f"{result['runner_calls_replayed']} of {result['runner_calls']} runner calls replayed"
+        print(f"{name}: us per call, median of {ns.rounds} rounds of {ns.calls} calls ({replayed})")
+        for step, value in result["median_us"].items():
+            print(f"  {step:<22}{value:9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
