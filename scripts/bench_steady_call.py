@@ -1,0 +1,196 @@
+"""A CPU stand-in of grace's steady call: the runner's replay path, with a replay that launches nothing.
+
+``scripts/gpu/runner_steps.py`` times each step of a steady runner call on the GPU; this times the same steps
+on the CPU, where no device is needed because every step but the launch is host work: a real ``GraceRunner``
+whose slot holds a real ``CapturedGraph`` with a PI plan (one dynamic input, ``--static`` static ones, one
+output), its CUDA graph a stand-in whose replay does nothing and its pointer table a stand-in that keeps the
+values. Each call counts as a compiled call of its own (Dynamo's count moves by one), as through
+``torch.compile``. Beside them, ``dynamo_floor``: the seed demo (four elementwise ops on 1M floats) through
+``torch.compile`` with a backend whose callable returns a fixed tensor, Dynamo's frame and guards alone, to
+scale this CPU's figures to another host's. Figures are medians of ``--rounds`` raw samples (each the mean of
+``--calls`` calls), the steps sampled in a seeded random order per round; ``--json`` prints one line with the
+raw samples.
+
+usage: python scripts/bench_steady_call.py [--static 0] [--rounds 15] [--calls 2000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.mutation_guard import GenerationTracker
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import fakes
+
+from grace import pools, streams
+from grace.compat import torch as torch_compat
+from grace.options import GraceOptions
+from grace.pi import plan as pi_plan
+from grace.runner import GraceRunner, RunnerPlan
+from grace.scg import Variant
+
+
+class _ValuesTable:
+    """Stands in for the device pointer table: keeps the values, writes only when they change."""
+
+    def __init__(self) -> None:
+        self.values: tuple[int, ...] = ()
+
+    def write(self, values: Sequence[int]) -> bool:
+        current = tuple(values)
+        if current == self.values:
+            return False
+        self.values = current
+        return True
+
+
+def _runner(static: int, mp: pytest.MonkeyPatch) -> tuple[GraceRunner, list[torch.Tensor]]:
+    """A runner whose one slot replays a PI graph, called until steady."""
+    params = [torch.randn(16) for _ in range(static)]
+    args = [torch.randn(1024), *params]
+    static_indices = tuple(range(1, 1 + static))
+
+    def make(facts: Any, call_args: Sequence[Any]) -> Any:
+        plan = pi_plan.PiPlan(
+            _ValuesTable(), [pi_plan.Slot(0, 0, 16)], {0: 0x1000}, (0,), {}, pi_plan.StageLog()
+        )
+        return fakes.captured_graph(
+            fakes.CountingReplay(),
+            placeholders={0: torch.empty(1024)},
+            outputs=[torch.empty(1024)],
+            output_container="single",
+            static_indices=static_indices,
+            static_ptrs=[None, *(p.data_ptr() for p in params)],
+            pi_plan=plan,
+            borrowed=True,
+        )
+
+    fakes.cpu_warmup(mp)
+    fakes.use_decide(mp, fakes.decides_graph(make, Variant.GRAPH_PI))
+    # CPU tensors stand for CUDA ones: gathering their addresses is the same work.
+    mp.setattr(pi_plan, "device_addresses", lambda values: [v.data_ptr() for v in values])
+    plan = RunnerPlan(
+        graph_hash="steady",
+        device=torch.device("cpu"),
+        static_indices=static_indices,
+        dynamic_indices=(0,),
+        scalar_indices=(),
+    )
+    runner = GraceRunner(lambda *a: a[0] * 2, plan, GraceOptions(), None)
+    for _ in range(20):
+        GenerationTracker.generation += 1
+        runner(*args)
+    return runner, args
+
+
+def _steps(runner: GraceRunner, args: list[torch.Tensor]) -> dict[str, Callable[[], Any]]:
+    recent = runner._recent
+    assert recent is not None, "the runner is not steady"
+    slot = recent.slot
+    graph = slot.graph
+    assert graph is not None and graph.pi_plan is not None, f"no PI graph (state {slot.state})"
+    plan, device = graph.pi_plan, graph.device
+    generation = torch_compat.compiled_call_generation()
+
+    def runner_call() -> Any:
+        GenerationTracker.generation += 1
+        return runner(*args)
+
+    return {
+        "runner_call": runner_call,
+        "release_unheld": pools.release_unheld,
+        "calling_threads_note": streams.calling_threads.note,
+        "recent_matches": lambda: recent.matches(args),
+        "static_unmoved": lambda: graph.static_inputs_unmoved(args),
+        "call_generation": torch_compat.compiled_call_generation,
+        "held_outputs": lambda: graph.held_outputs(generation, args),
+        "inputs_moved": lambda: slot._inputs_moved(args),
+        "order_streams": graph.order_streams,
+        "stream_key": lambda: streams.current_stream_key(device),
+        "pi_update": lambda: plan.update(args),
+        "copy_in_none": lambda: graph.copy_in(args, ()),
+        "collect_outputs": lambda: graph.collect_outputs(args, False),
+    }
+
+
+def _dynamo_floor() -> Callable[[], Any]:
+    from suites.workloads import get
+
+    model, inputs = get("seed_elementwise_1m").factory("standard")(torch.device("cpu"), torch.float32)
+
+    def fixed_output(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        out = gm(*example_inputs)
+        return lambda *args: out
+
+    compiled = torch.compile(model, backend=fixed_output)
+    for _ in range(5):
+        compiled(*inputs)
+    return lambda: compiled(*inputs)
+
+
+def _sample(fn: Callable[[], Any], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def bench(static: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        runner, args = _runner(static, mp)
+        steps = {**_steps(runner, args), "dynamo_floor": _dynamo_floor()}
+        record = runner._recent.slot.record if runner._recent is not None else None
+        replays_before = record.graph_calls if record is not None else 0
+        rng = random.Random(seed)
+        samples: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(rounds):
+            order = list(steps)
+            rng.shuffle(order)
+            for name in order:
+                samples[name].append(_sample(steps[name], calls))
+        replayed = (record.graph_calls if record is not None else 0) - replays_before
+    return {
+        "static_inputs": static,
+        "rounds": rounds,
+        "calls_per_sample": calls,
+        "torch": torch.__version__,
+        "runner_calls": rounds * calls,
+        "runner_calls_replayed": replayed,
+        "median_us": {name: statistics.median(values) for name, values in samples.items()},
+        "samples_us": samples,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--static", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args(argv)
+    result = bench(ns.static, ns.rounds, ns.calls)
+    if ns.json:
+        print(json.dumps(result))
+        return 0
+    print(
+        f"{ns.static} static inputs, torch {result['torch']}, median of {ns.rounds} samples "
+        f"({result['runner_calls_replayed']} of {result['runner_calls']} runner calls replayed):"
+    )
+    for name, value in result["median_us"].items():
+        print(f"  {name:<22}{value:9.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
