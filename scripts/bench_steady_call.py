@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
+    if ns.static < 0 or ns.rounds < 1 or ns.calls < 1:
+        parser.error("--static must be at least 0, --rounds and --calls must be positive")
     result = bench(ns.static, ns.rounds, ns.calls)
     if ns.json:
         print(json.dumps(result))
