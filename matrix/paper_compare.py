@@ -77,6 +77,17 @@ class Comparison:
     def one_commit(self) -> bool:
         return len(self.commits) == 1
 
+    @property
+    def stitched(self) -> bool:
+        """Whether our figures come from runs at more than one commit (none, or one, is no stitching)."""
+        return len(self.commits) > 1
+
+    @property
+    def commits_unnamed(self) -> str:
+        """What to say for the commits where ``commits`` is empty: no figure of ours, or runs without one."""
+        measured = any(m.value is not None for w in self.workloads for m in w.ours.values())
+        return "unknown" if measured else "none (no figure of ours comes from this run)"
+
 
 def head_runs(
     session: Session, uids: Sequence[str] = (), labels: Sequence[str] = (), cells: Sequence[str] = ()

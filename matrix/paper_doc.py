@@ -54,11 +54,11 @@ def run_text(comparison: Comparison) -> str:
     run = comparison.run
     if run is None:
         return "No GPU run in the store."
-    commits = ", ".join(f"`{_md(c)}`" for c in comparison.commits) or "unknown"
+    commits = ", ".join(f"`{_md(c)}`" for c in comparison.commits) or comparison.commits_unnamed
     where = f"{run.gpu_name}, {run.stack}"
     label = f", label `{_md(run.label)}`" if run.label else ""
     members = f"{len(run.uids)} run(s)"
-    stitched = "" if comparison.one_commit else " Ours is stitched from several commits, not one."
+    stitched = " Ours is stitched from several commits, not one." if comparison.stitched else ""
     return (
         f"Ours: cell `{_md(run.cell_id)}` on {_md(where)}; logical run `{_md(run.uid)}`{label} "
         f"({members}, from {run.started_at:%Y-%m-%d %H:%M} UTC); commit(s) {commits}.{stitched}"

@@ -260,3 +260,31 @@ def test_the_dashboard_has_a_paper_page_beside_the_head_run(filled, tmp_path) ->
 
 def test_paper_page_shows_the_empty_state_without_gpu_runs(tmp_path) -> None:
     assert "nothing of ours" in render_page(Store(tmp_path), tmp_path, with_paper=True)
+
+
+def test_a_run_with_no_figure_of_ours_is_neither_stitched_nor_of_an_unknown_commit(tmp_path) -> None:
+    # A GPU run that recorded nothing the paper compares (a fuzz run, say): no commit is behind our
+    # figures because there are none, and one commit is no stitching.
+    store = Store(tmp_path)
+    with store.Session.begin() as s:
+        run = store.run(s, store.cell(s), 0)
+        run.git_sha = "b" * 40
+    paper, found = comparisons(store, write(tmp_path))
+    [comparison] = found
+    assert comparison.commits == () and not comparison.stitched
+    text = render_paper_markdown(paper, found)
+    assert "commit(s) none (no figure of ours comes from this run)." in text
+    assert "stitched" not in text
+    page = render_page(store, tmp_path, with_paper=True)
+    assert "none (no figure of ours comes from this run)" in page and "Stitched" not in page
+
+
+def test_figures_from_runs_at_two_commits_are_stitched(filled, tmp_path) -> None:
+    with filled.Session.begin() as s:
+        later = filled.run(s, filled.cell(s), 120)
+        later.git_sha, later.label = "c" * 40, "head | run"
+        filled.results(s, later, "eos", {"pt2cg": 2.0, "grace": 1.0})
+    paper, found = comparisons(filled, write(tmp_path))
+    stitched = [c for c in found if c.stitched]
+    assert stitched and all(len(c.commits) == 2 for c in stitched)
+    assert "Ours is stitched from several commits, not one." in render_paper_markdown(paper, found)
