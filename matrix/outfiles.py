@@ -8,12 +8,14 @@ and the exports would be unreadable to everyone but their writer, whatever the u
 Design: ``replace_file`` writes through a callback into a temporary file beside the target, gives it the
 mode a plain ``open`` would have given (``0o666`` less the umask) and renames it over the target;
 ``public_mode`` gives that mode (``0o777`` less the umask for folders) for callers that stage a folder.
-``write_document`` is the generated documents' way (its folder made; a target that is a folder, an
-SQLite database (a store) or cannot be written is a ``ConfigError`` of one line, not a traceback);
-``check_target`` is that check for a caller that writes otherwise.
+``write_output`` is every output's way: a file is replaced so, a device or a pipe is written through
+(never replaced by a file); a target that is a folder, an SQLite database (a store) or cannot be
+written is a ``ConfigError`` of one line, not a traceback. ``write_document`` is the generated
+documents' way (``write_output`` with the folder made).
 
-Invariant: a target is either its old content or its complete new content, never a mix; no output
-replaces a store; what is written has the mode the umask gives, as any file the user creates.
+Invariant: a target file is either its old content or its complete new content, never a mix; no
+output replaces a store, a device or a pipe; what is written has the mode the umask gives, as any file
+the user creates.
 """
 
 from __future__ import annotations
@@ -80,11 +82,26 @@ def _is_sqlite_database(path: Path) -> bool:
         return False
 
 
+def write_output(target: Path, write: Callable[[TextIO], _T]) -> _T:
+    """Call ``write`` on a text stream whose content becomes ``target``: a file is replaced atomically
+    (``replace_file``); a device or a pipe (``/dev/stdout``, ``/dev/full``, a FIFO) is written through,
+    never replaced by a file. ``check_target``'s refusals and a failed write (no space, no permission)
+    are a ``ConfigError`` of one line."""
+    check_target(target)
+    try:
+        if target.exists() and not target.is_file():
+            with target.open("w", encoding="utf-8") as out:
+                return write(out)
+        return replace_file(target, write)
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from None
+
+
 def write_document(target: Path, text: str) -> None:
-    """``text`` as the whole of ``target`` (atomically; its folder made when missing)."""
+    """``text`` as the whole of ``target`` (as ``write_output`` writes; its folder made when missing)."""
     check_target(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(target, lambda out: out.write(text))
     except OSError as exc:
         raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from None
+    write_output(target, lambda out: out.write(text))

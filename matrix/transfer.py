@@ -27,15 +27,17 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO, cast
 
-from sqlalchemy import BigInteger, Boolean, Column, DateTime, Float, Integer, Table, select
+from sqlalchemy import Column, Table, select
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
 from matrix.errors import ConfigError, TransferError
+from matrix.exportfields import LINKS, load_fields
 from matrix.store.access import get_or_create, insert_ignoring_conflict
 from matrix.store.db import SCHEMA_VERSION, StoreAccess, display_url, open_store
 from matrix.store.models import (
@@ -66,7 +68,6 @@ ResultModel = (
     | type[Diagnostic]
 )
 _TABLES: dict[str, ResultModel] = {model.__tablename__: model for model in RESULT_TABLES}
-_LINKS = {"id", "run_pk", "cell_pk", "workload_pk"}  # integer links, replaced by named references
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ class TransferStats:
 
 
 def _fields(model: type[Base]) -> list[str]:
-    return [c.key for c in model.__table__.columns if c.key not in _LINKS]
+    return [c.key for c in model.__table__.columns if c.key not in LINKS]
 
 
 def _dump(row: Base, model: type[Base]) -> dict[str, Any]:
@@ -104,70 +105,6 @@ def _dump(row: Base, model: type[Base]) -> dict[str, Any]:
         value = getattr(row, name)
         out[name] = value.isoformat() if isinstance(value, dt.datetime) else value
     return out
-
-
-def _load(data: dict[str, Any], model: type[Base], where: str) -> dict[str, Any]:
-    """``data``'s fields checked against ``model``'s columns (the export schema: names, types, ranges,
-    nulls) and converted (ISO datetimes); a mismatch is a ``TransferError`` naming ``where`` and the field."""
-    columns = {c.key: c for c in _columns(model) if c.key not in _LINKS}
-    unknown = sorted(set(data) - set(columns))
-    if unknown:
-        raise TransferError(f"{where}: unknown field {unknown[0]!r} for {model.__tablename__}")
-    values = dict(data)
-    for name, value in data.items():
-        column = columns[name]
-        if value is None:
-            if not column.nullable:
-                raise TransferError(f"{where}: field {name!r} of {model.__tablename__} must not be null")
-            continue
-        problem = _type_problem(column, value)
-        if problem:
-            raise TransferError(f"{where}: field {name!r} of {model.__tablename__} {problem}")
-        if isinstance(column.type, DateTime):
-            moment = dt.datetime.fromisoformat(value)
-            # SQLite hands back naive datetimes; every time the store writes is UTC.
-            values[name] = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
-    return values
-
-
-def _type_problem(column: Column[Any], value: Any) -> str | None:
-    """Why ``value`` cannot be stored in ``column`` on every database; None when it can."""
-    kind = column.type
-    if isinstance(kind, DateTime):
-        try:
-            dt.datetime.fromisoformat(value)
-        except (TypeError, ValueError):
-            return f"is not an ISO datetime: {_short(value)}"
-        return None
-    if isinstance(kind, Boolean):
-        return None if isinstance(value, bool) else f"must be true or false, not {_short(value)}"
-    if isinstance(kind, Integer):  # BigInteger is one
-        bits = 64 if isinstance(kind, BigInteger) else 32
-        if not isinstance(value, int) or isinstance(value, bool):
-            return f"must be an integer, not {_short(value)}"
-        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-            return f"is out of range for a {bits}-bit integer: {_short(value)}"
-        return None
-    if isinstance(kind, Float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"must be a number, not {_short(value)}"
-        return None
-    expected = kind.python_type
-    if expected is str:
-        if not isinstance(value, str):
-            return f"must be a string, not {_short(value)}"
-        length = getattr(kind, "length", None)
-        if length is not None and len(value) > length:
-            return f"is longer than {length} characters ({len(value)})"
-        return None
-    if not isinstance(value, expected):
-        return f"must be a JSON {'object' if expected is dict else 'array'}, not {_short(value)}"
-    return None
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 # -- export ------------------------------------------------------------------------------------------
@@ -237,7 +174,12 @@ def read_jsonl(
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = json.loads(line, parse_float=_finite_float, parse_constant=_not_finite)
+        except _NotFinite as exc:
+            raise TransferError(
+                f"{where}: {exc.args[0]} is not a finite number; an export holds finite numbers "
+                "(null for none)"
+            ) from None
         except json.JSONDecodeError as exc:
             raise TransferError(f"{where}: not a JSON line ({exc.msg})") from None
         except RecursionError:
@@ -252,6 +194,21 @@ def read_jsonl(
         yield where, item
     if first:
         raise TransferError(f"{source}: empty file; expected a grace-matrix export")
+
+
+class _NotFinite(Exception):
+    """A number of a line that is no finite float: NaN, Infinity or a literal past a float's range."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _not_finite(text: str) -> float:
+    raise _NotFinite(text)  # NaN, Infinity, -Infinity: Python's json reads them, JSON has none
 
 
 MAX_LINE = 64 << 20  # an export line is tens of kilobytes; past this it is no export (or /dev/zero)
@@ -299,7 +256,7 @@ def check_header(item: dict[str, Any], where: str) -> None:
             f"{where}: not a grace-matrix export (first line must carry format={EXPORT_FORMAT!r})"
         )
     version = item.get("version")
-    if not isinstance(version, int) or version < 1:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise TransferError(f"{where}: export version {version!r} is not valid")
     if version > EXPORT_VERSION:
         raise TransferError(
@@ -338,7 +295,7 @@ class Ingester:
         cell_data = data.pop("cell", None)
         if not isinstance(cell_data, dict):
             raise TransferError(f"{where}: run line lacks its 'cell' object")
-        values = _load(data, Run, where)
+        values = load_fields(data, Run, where)
         uid = values.get("uid")
         if not isinstance(uid, str) or not uid:
             raise TransferError(f"{where}: run line lacks its 'uid'")
@@ -361,7 +318,7 @@ class Ingester:
             self.stats.runs_present += 1
 
     def _cell(self, data: dict[str, Any], where: str) -> Cell:
-        values = _load(data, Cell, where + " (cell)")
+        values = load_fields(data, Cell, where + " (cell)")
         fingerprint = values.get("fingerprint")
         if not isinstance(fingerprint, str) or not fingerprint:
             raise TransferError(f"{where}: cell lacks its 'fingerprint'")
@@ -380,7 +337,7 @@ class Ingester:
                 f"{where}: {table} row refers to run {uid!r}, which no earlier run line declares"
             )
         workload = data.pop("workload", None)
-        values = _load(data, model, where)
+        values = load_fields(data, model, where)
         key = values.get("record_key")
         if not isinstance(key, str):
             raise TransferError(f"{where}: {table} row lacks its 'record_key'")
@@ -415,7 +372,7 @@ class Ingester:
         return self._present[(uid, table)]
 
     def _workload(self, data: dict[str, Any], where: str) -> int:
-        values = _load(data, Workload, where + " (workload)")
+        values = load_fields(data, Workload, where + " (workload)")
         if not isinstance(values.get("name"), str):
             raise TransferError(f"{where}: workload lacks its 'name'")
         values.setdefault("code_hash", "")
@@ -433,7 +390,7 @@ def _columns(model: type[Base]) -> list[Column[Any]]:
 
 def _required(column: Column[Any]) -> bool:
     """A column an export line must give: not null, no default, not a link."""
-    return not column.nullable and column.default is None and column.key not in _LINKS
+    return not column.nullable and column.default is None and column.key not in LINKS
 
 
 def ingest_jsonl(

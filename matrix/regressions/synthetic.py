@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 import random
 import statistics
 import uuid
@@ -31,6 +32,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from matrix import readmodel
+from matrix.errors import ConfigError
 from matrix.readmodel import RunInfo
 from matrix.regressions.errors import RegressionsError
 from matrix.store.models import (
@@ -364,6 +366,12 @@ def _merged_rows(session: Session, model: type[Any], run: RunInfo) -> list[Any]:
     return readmodel.merge_latest(run, per_pk, _merge_key(model, workloads))
 
 
+def check_factor(factor: float) -> None:
+    """A ``ConfigError`` for a slow-down that would not leave a latency (zero, negative, not finite)."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ConfigError(f"--factor {factor}: give a finite slow-down above zero (e.g. 1.25)")
+
+
 def seed_demo(
     session: Session,
     factor: float = 1.25,
@@ -372,7 +380,9 @@ def seed_demo(
 ) -> DemoSeed:
     """Clone the latest complete logical run that has performance samples into a new run one day after
     its latest member, with one workload x mode slowed by ``factor`` and one PI stage failing with
-    ``message``. An empty store is first given a synthetic history."""
+    ``message``. An empty store is first given a synthetic history. A ``factor`` ``check_factor``
+    refuses is refused before anything is written."""
+    check_factor(factor)
     if session.execute(select(Run.id).limit(1)).first() is None:
         seed_history(session, SyntheticSpec())
     candidates = [

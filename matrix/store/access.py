@@ -128,6 +128,14 @@ def insert_ignoring_conflict(
         return False
 
 
+def check_label(label: str | None) -> None:
+    """A ``ConfigError`` for a run label longer than its column keeps: PostgreSQL would refuse the run's
+    row and an export of it could not be ingested (``--label`` and ``GRACE_MATRIX_LABEL`` come here)."""
+    length: int | None = getattr(cast(Table, Run.__table__).c.label.type, "length", None)
+    if label is not None and length is not None and len(label) > length:
+        raise ConfigError(f"run label of {len(label)} characters; give at most {length}: {label[:40]!r}...")
+
+
 def start_run(
     session: Session,
     cell: Cell,
@@ -139,6 +147,7 @@ def start_run(
     pid: int | None = None,
 ) -> Run:
     """A new run row; a ``uid`` the store already holds is a ``ConfigError`` (run uids are never reused)."""
+    check_label(label)
     uid = uid or new_run_uid()
     if find_run(session, uid) is not None:
         raise ConfigError(

@@ -120,7 +120,7 @@ def make_engine(url: str | None = None, access: StoreAccess = StoreAccess.CREATE
                 creator=lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False),
             )
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(path)
             engine = create_engine(url, connect_args={"timeout": 60})
     except NoSuchModuleError:
         raise StoreError(
@@ -142,6 +142,18 @@ def make_engine(url: str | None = None, access: StoreAccess = StoreAccess.CREATE
         cursor.close()
 
     return engine
+
+
+def _make_folder(path: Path) -> None:
+    """The folder of a new SQLite store, made when missing; a ``StoreError`` when it cannot be (a file in
+    its place, no permission), instead of the ``OSError`` a write would have shown as a traceback."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot make the folder of store {path}: {exc.strerror or exc}"
+            f"{f' ({exc.filename})' if exc.filename else ''}; check --db / {ENV_DB}"
+        ) from None
 
 
 _WAL_WAIT_S = 60.0  # as long as the connection's busy timeout

@@ -15,6 +15,10 @@ Invariants:
 - Raw samples are stored, never only their median.
 - Every text and JSON value is cleaned by its column type (``matrix.text.store_text``) on the way in, so
   no database refuses a row for a character the other accepts.
+- A column's ``info`` declares what a value must be beyond its type, for what writes rows from outside
+  (``matrix.transfer`` checks it): ``choices``, the enum whose values it takes (readers convert it);
+  ``positive``, a number (or, for a JSON array, each item) above zero (latencies, which the regression
+  detectors take logarithms of).
 - Schema changes go through Alembic migrations (matrix/migrations); ``SCHEMA_VERSION`` names the head.
 """
 
@@ -127,7 +131,9 @@ class Run(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     uid: Mapped[str] = mapped_column(CleanString(36), unique=True)
     cell_pk: Mapped[int] = mapped_column(ForeignKey("cells.id"), index=True)
-    status: Mapped[str] = mapped_column(CleanString(32), default=RunStatus.RUNNING.value)
+    status: Mapped[str] = mapped_column(
+        CleanString(32), default=RunStatus.RUNNING.value, info={"choices": RunStatus}
+    )
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     label: Mapped[str | None] = mapped_column(CleanString(128), index=True)  # e.g. "nightly-2026-11-29"
@@ -211,8 +217,8 @@ class PerformanceResult(_RunResult, Base):
     mode: Mapped[str] = mapped_column(CleanString(32))
     status: Mapped[str] = mapped_column(CleanString(32))
     reason: Mapped[str | None] = mapped_column(CleanText)
-    samples_ms: Mapped[list[Any]] = mapped_column(default=list)
-    median_ms: Mapped[float | None] = mapped_column(Float)
+    samples_ms: Mapped[list[Any]] = mapped_column(default=list, info={"positive": True})
+    median_ms: Mapped[float | None] = mapped_column(Float, info={"positive": True})
     floor_ms: Mapped[float | None] = mapped_column(Float)
     compile_s: Mapped[float | None] = mapped_column(Float)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from matrix.paper import Paper, find_paper
-from matrix.regressions.synthetic import seed_demo
+from matrix.regressions.synthetic import check_factor, seed_demo
 from matrix.regressions.thresholds import Thresholds
 from matrix.store.db import open_store
 from matrix_cli.commands._output import print_json
@@ -87,6 +87,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
 
 def run_seed_demo(args: argparse.Namespace) -> int:
+    check_factor(args.factor)  # before the store is opened: a refused command creates no store
     store = open_store(args.db)
     with store.begin() as session:
         seeded = seed_demo(session, factor=args.factor)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError, MatrixError
-from matrix.outfiles import check_target, replace_file
+from matrix.outfiles import check_target, write_output
 from matrix.store.db import StoreAccess, open_store
 from matrix.transfer import RunFilter, export_jsonl, selected_runs
 from matrix_cli.commands._output import info, print_json, selection_text
@@ -38,12 +38,8 @@ def handle(args: argparse.Namespace) -> int:
             check_target(target)
             if not target.parent.is_dir():
                 raise ConfigError(f"--output {target}: directory {target.parent} does not exist")
-            if target.exists() and not target.is_file():  # a device or a pipe: write through, never replace
-                with target.open("w", encoding="utf-8") as out:
-                    counts = export_jsonl(session, out, run_filter)
-                return _report(args, counts)
-            # Written beside the target and renamed: an interrupted export leaves no half file.
-            counts = replace_file(
+            # A file is written beside the target and renamed: an interrupted export leaves no half file.
+            counts = write_output(
                 target, lambda out: export_jsonl(session, out, run_filter, progress=sys.stderr.isatty())
             )
     return _report(args, counts)

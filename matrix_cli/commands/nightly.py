@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from matrix.cells import CellKind, default_config_path, load_matrix
 from matrix.errors import ConfigError
+from matrix.store.access import check_label
 from matrix.store.db import ENV_HOME, default_url
 from matrix_cli.commands._output import info, print_json
 from matrix_cli.commands.dashboard import publish
@@ -87,9 +89,12 @@ def handle(args: argparse.Namespace) -> int:
         raise ConfigError("no cell to run: check --cells / --tag")
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: give at least 1")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout {args.timeout}: give a number of seconds above zero")
+    label = args.label or default_label()
+    check_label(label)
     if via is Via.RUN and any(c.kind is not CellKind.CURRENT for c in cells):
         info("grace-matrix: --via run records every cell with this interpreter's torch and Triton")
-    label = args.label or default_label()
     target = args.db or default_url()
     mode = StoreMode(args.store_mode) if args.store_mode else default_mode(target)
     home = Path(os.environ.get(ENV_HOME, ".grace-matrix"))

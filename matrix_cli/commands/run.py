@@ -11,6 +11,7 @@ from matrix.cells import default_config_path, load_matrix
 from matrix.errors import ConfigError
 from matrix.infiles import read_text
 from matrix.runner import ENV_CELL, ENV_LABEL, record_install_failure, run_cell
+from matrix.store.access import check_label
 from matrix.store.db import default_url, open_store
 from matrix.store.models import RunStatus
 from matrix_cli.commands._output import info, print_json
@@ -42,6 +43,7 @@ def handle(args: argparse.Namespace) -> int:
     matrix = load_matrix(config_path)
     cell = matrix.cell(args.cell or os.environ.get(ENV_CELL) or "current")
     label = args.label or os.environ.get(ENV_LABEL)
+    check_label(label)
     url = args.db or default_url()
     Session = open_store(url)
     if args.install_failed is not None:

@@ -1,0 +1,178 @@
+"""More hostile input for the command line: each test is one finding of a probe of ``grace-matrix``.
+
+A value ingest took that every later read of the store crashed on (a latency of zero or NaN, samples
+that are not numbers, a run status nobody knows), a store whose folder is a file, a seed factor or a
+run label that poisons the store, an output that is a device: one error line, exit 2, nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cli_support import one_error_line
+
+from matrix.store.db import open_store
+from matrix_cli.main import main
+
+UID = "00000000-0000-0000-0000-0000000000aa"
+MATRIX = str(Path(__file__).resolve().parents[1] / "matrix.toml")
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "store.sqlite"
+    monkeypatch.setenv("GRACE_MATRIX_DB", f"sqlite:///{path}")
+    monkeypatch.chdir(tmp_path)  # no expected.toml, no matrix.toml: nothing but the store
+    open_store(f"sqlite:///{path}").kw["bind"].dispose()
+    return path
+
+
+def _lines(run: dict[str, object] | None = None, perf: dict[str, object] | None = None) -> list[str]:
+    header = {"format": "grace-matrix-export", "version": 1, "schema": "0002"}
+    run_line = {
+        "type": "run",
+        "uid": UID,
+        "status": "complete",
+        "started_at": "2026-11-29T10:00:00+00:00",
+        "cell": {
+            "fingerprint": "f" * 64,
+            "cell_id": "torch-2.11",
+            "kind": "venv",
+            "python_version": "3.12",
+            "platform": "linux",
+            "extra": {},
+        },
+        **(run or {}),
+    }
+    perf_line = {
+        "type": "performance_results",
+        "run": UID,
+        "record_key": "performance/mlp/grace",
+        "mode": "grace",
+        "status": "ok",
+        "samples_ms": [1.0, 1.1, 0.9],
+        "median_ms": 1.0,
+        "workload": {"name": "mlp", "code_hash": "h"},
+        **(perf or {}),
+    }
+    return [json.dumps(header), json.dumps(run_line), json.dumps(perf_line)]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (_lines(perf={"median_ms": 0}), "'median_ms' of performance_results must be a number above"),
+        (_lines(perf={"median_ms": -2.5}), "must be a number above zero"),
+        (_lines(perf={"median_ms": 10**400}), "is out of range for a float"),
+        (_lines(perf={"samples_ms": ["a", "b"]}), "field 'samples_ms' of performance_results must hold only"),
+        (_lines(perf={"samples_ms": [[1.0]]}), "must hold only numbers above zero"),
+        (_lines(perf={"samples_ms": [1.0, 0]}), "must hold only numbers above zero"),
+        (_lines(run={"status": "weird"}), "field 'status' of runs is str \"weird\", not one of"),
+        (_lines(run={"status": ""}), "field 'status' of runs is str \"\", not one of"),
+    ],
+)
+def test_values_every_reader_would_fail_on_are_refused_at_ingest(
+    store, tmp_path, capsys, line, expected
+) -> None:
+    """Such values used to be stored, and summary, regressions, report and the dashboard then exited 3
+    with a traceback on every later call."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(line) + "\n", encoding="utf-8")
+    before = store.read_bytes()
+    capsys.readouterr()
+    assert main(["ingest", str(path)]) == 2
+    assert expected in one_error_line(capsys)
+    assert store.read_bytes() == before
+    assert main(["summary", "--all"]) == 0
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e309"])
+def test_numbers_json_has_not_are_refused_anywhere_in_a_line(store, tmp_path, capsys, literal) -> None:
+    """Python's json reads NaN and Infinity (and 1e309 as infinity); PostgreSQL's JSON and every latency
+    reader refuse them: refused in a column and deep inside a JSON object alike, naming the line."""
+    header, run, perf = _lines()
+    for where, text in (
+        (3, perf.replace('"median_ms": 1.0', f'"median_ms": {literal}')),
+        (3, perf.replace('"mode": "grace"', f'"details": {{"a": [{literal}]}}, "mode": "grace"')),
+    ):
+        path = tmp_path / "bad.jsonl"
+        path.write_text("\n".join([header, run, text]) + "\n", encoding="utf-8")
+        capsys.readouterr()
+        assert main(["ingest", str(path)]) == 2
+        assert f"bad.jsonl:{where}: {literal} is not a finite number" in one_error_line(capsys)
+    assert main(["summary", "--json"]) == 0 and json.loads(capsys.readouterr().out) == []
+
+
+def test_a_header_whose_version_is_true_is_refused(store, tmp_path, capsys) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"format": "grace-matrix-export", "version": true}\n', encoding="utf-8")
+    assert main(["ingest", str(path)]) == 2
+    assert "export version True is not valid" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", [["ingest", "{export}"], ["seed-demo"], ["merge", "{store}"]])
+def test_a_store_whose_folder_is_a_file_is_one_line(store, tmp_path, capsys, command) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    export = tmp_path / "ok.jsonl"
+    export.write_text("\n".join(_lines()) + "\n", encoding="utf-8")
+    args = [part.format(export=export, store=store) for part in command]
+    capsys.readouterr()
+    assert main([*args, "--db", f"sqlite:///{blocker / 'x.sqlite'}"]) == 2
+    assert "cannot make the folder of store" in one_error_line(capsys)
+    assert blocker.read_text() == "kept"
+
+
+@pytest.mark.parametrize("factor", ["0", "-1", "nan", "inf"])
+def test_seed_demo_refuses_a_factor_that_leaves_no_latency(tmp_path, capsys, factor) -> None:
+    """A factor of 0 or NaN had stored latencies that every later read crashed on; now nothing is
+    written, not even a new store."""
+    path = tmp_path / "new" / "store.sqlite"
+    assert main(["seed-demo", f"--factor={factor}", "--db", f"sqlite:///{path}"]) == 2
+    assert "--factor" in one_error_line(capsys)
+    assert not path.parent.exists()
+
+
+def test_a_label_longer_than_its_column_is_refused_before_anything_is_written(store, capsys) -> None:
+    """SQLite kept a 300-character label that PostgreSQL refuses, and the store's own export could not be
+    ingested again ('longer than 128 characters')."""
+    before = store.read_bytes()
+    assert main(["run", "--config", MATRIX, "--label", "x" * 300, "--install-failed", "boom"]) == 2
+    assert "run label of 300 characters; give at most 128" in one_error_line(capsys)
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan"])
+def test_nightly_refuses_a_timeout_that_is_no_duration(store, capsys, timeout) -> None:
+    assert main(["nightly", "--config", MATRIX, "--via", "run", "--no-report", "--timeout", timeout]) == 2
+    assert f"--timeout {float(timeout)}" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["results-doc", "compatibility", "paper-doc", "export"])
+def test_an_output_that_is_a_pipe_is_written_through_not_replaced(store, tmp_path, capsys, command) -> None:
+    """Documents were written beside the target and renamed over it: ``-o /dev/full`` (as root) replaced
+    the device with a regular file. A device or a pipe is now written through, as export did."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so the writer's open does not block
+    try:
+        assert main([command, "-o", str(fifo)]) == 0
+        assert os.read(reader, 1 << 16)
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+@pytest.mark.skipif(
+    not (Path("/dev/full").exists() and stat.S_ISCHR(Path("/dev/full").stat().st_mode)), reason="no /dev/full"
+)
+@pytest.mark.parametrize("command", ["results-doc", "export"])
+def test_an_output_that_cannot_take_the_bytes_is_one_line(store, capsys, command) -> None:
+    """``export -o /dev/full`` ended in a traceback (ENOSPC); now one line, exit 2, the device kept."""
+    assert main([command, "-o", "/dev/full"]) == 2
+    assert "/dev/full: cannot write: No space left on device" in one_error_line(capsys)
+    assert stat.S_ISCHR(Path("/dev/full").stat().st_mode)
