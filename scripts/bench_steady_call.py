@@ -31,10 +31,10 @@ import torch
 from torch._dynamo.mutation_guard import GenerationTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import fakes
+from runner_steps import steady_steps  # the same steps the GPU script times
 
-from grace import pools, streams
-from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.pi import plan as pi_plan
 from grace.runner import GraceRunner, RunnerPlan
@@ -94,36 +94,6 @@ def _runner(static: int, mp: pytest.MonkeyPatch) -> tuple[GraceRunner, list[torc
     return runner, args
 
 
-def _steps(runner: GraceRunner, args: list[torch.Tensor]) -> dict[str, Callable[[], Any]]:
-    recent = runner._recent
-    assert recent is not None, "the runner is not steady"
-    slot = recent.slot
-    graph = slot.graph
-    assert graph is not None and graph.pi_plan is not None, f"no PI graph (state {slot.state})"
-    plan, device = graph.pi_plan, graph.device
-    generation = torch_compat.compiled_call_generation()
-
-    def runner_call() -> Any:
-        GenerationTracker.generation += 1
-        return runner(*args)
-
-    return {
-        "runner_call": runner_call,
-        "release_unheld": pools.release_unheld,
-        "calling_threads_note": streams.calling_threads.note,
-        "recent_matches": lambda: recent.matches(args),
-        "static_unmoved": lambda: graph.static_inputs_unmoved(args),
-        "call_generation": torch_compat.compiled_call_generation,
-        "held_outputs": lambda: graph.held_outputs(generation, args),
-        "inputs_moved": lambda: slot._inputs_moved(args),
-        "order_streams": graph.order_streams,
-        "stream_key": lambda: streams.current_stream_key(device),
-        "pi_update": lambda: plan.update(args),
-        "copy_in_none": lambda: graph.copy_in(args, ()),
-        "collect_outputs": lambda: graph.collect_outputs(args, False),
-    }
-
-
 def _dynamo_floor() -> Callable[[], Any]:
     from suites.workloads import get
 
@@ -149,7 +119,7 @@ def _sample(fn: Callable[[], Any], calls: int) -> float:
 def bench(static: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         runner, args = _runner(static, mp)
-        steps = {**_steps(runner, args), "dynamo_floor": _dynamo_floor()}
+        steps = {**steady_steps(runner, args, launch=False), "dynamo_floor": _dynamo_floor()}
         record = runner._recent.slot.record if runner._recent is not None else None
         replays_before = record.graph_calls if record is not None else 0
         rng = random.Random(seed)

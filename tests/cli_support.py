@@ -1,4 +1,5 @@
-"""Test support for the command line: what a failed command printed on stderr."""
+"""Test support for the command line: what a failed command printed on stderr, and the run line of a
+hand-made export."""
 
 from __future__ import annotations
 
@@ -11,3 +12,22 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
+
+
+def export_run_line(uid: str = "00000000-0000-0000-0000-000000000001", **cell: object) -> dict[str, object]:
+    """A valid run line of an export (its cell's fields replaced by ``cell``)."""
+    return {
+        "type": "run",
+        "uid": uid,
+        "status": "complete",
+        "started_at": "2026-11-29T10:00:00+00:00",
+        "cell": {
+            "fingerprint": "f" * 64,
+            "cell_id": "torch-2.11",
+            "kind": "venv",
+            "python_version": "3.12",
+            "platform": "linux",
+            "extra": {},
+            **cell,
+        },
+    }

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from cli_support import one_error_line
+from cli_support import export_run_line, one_error_line
 
 from matrix.store.db import open_store
 from matrix_cli.main import main
@@ -33,21 +33,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _lines(run: dict[str, object] | None = None, perf: dict[str, object] | None = None) -> list[str]:
     header = {"format": "grace-matrix-export", "version": 1, "schema": "0002"}
-    run_line = {
-        "type": "run",
-        "uid": UID,
-        "status": "complete",
-        "started_at": "2026-11-29T10:00:00+00:00",
-        "cell": {
-            "fingerprint": "f" * 64,
-            "cell_id": "torch-2.11",
-            "kind": "venv",
-            "python_version": "3.12",
-            "platform": "linux",
-            "extra": {},
-        },
-        **(run or {}),
-    }
+    run_line = {**export_run_line(UID), **(run or {})}
     perf_line = {
         "type": "performance_results",
         "run": UID,

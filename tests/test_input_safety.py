@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import one_error_line
+from cli_support import export_run_line, one_error_line
 from sqlalchemy import select
 from store_content import fresh_database, pg_base_url
 
@@ -48,24 +48,6 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _header() -> str:
     return json.dumps({"format": "grace-matrix-export", "version": 1, "schema": "0002"})
-
-
-def _run_line(uid: str = "00000000-0000-0000-0000-000000000001", **cell: object) -> dict[str, object]:
-    return {
-        "type": "run",
-        "uid": uid,
-        "status": "complete",
-        "started_at": "2026-11-29T10:00:00+00:00",
-        "cell": {
-            "fingerprint": "f" * 64,
-            "cell_id": "torch-2.11",
-            "kind": "venv",
-            "python_version": "3.12",
-            "platform": "linux",
-            "extra": {},
-            **cell,
-        },
-    }
 
 
 def _row(
@@ -132,7 +114,7 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def test_nul_and_lone_surrogates_are_stored_the_same_way_on_every_database(any_store, tmp_path) -> None:
     refused = "a\x00b\ud800c"
     items = [
-        _run_line() | {"message": refused},
+        export_run_line() | {"message": refused},
         _row("test_outcomes", message=refused),
         _row("performance_results", details={refused: [refused]}, reason=refused),
     ]
@@ -175,7 +157,7 @@ def test_nul_and_lone_surrogates_are_stored_the_same_way_on_every_database(any_s
 def test_ingest_refuses_fields_of_the_wrong_type_with_file_and_line(
     store, tmp_path, capsys, item, expected
 ) -> None:
-    path = _export(tmp_path / "bad.jsonl", _run_line(), item)
+    path = _export(tmp_path / "bad.jsonl", export_run_line(), item)
     capsys.readouterr()
     assert main(["ingest", str(path)]) == 2
     line = one_error_line(capsys)
@@ -184,7 +166,7 @@ def test_ingest_refuses_fields_of_the_wrong_type_with_file_and_line(
 
 
 def test_a_cell_whose_extra_is_a_list_is_refused(store, tmp_path, capsys) -> None:
-    path = _export(tmp_path / "bad.jsonl", _run_line(extra=["a"]))
+    path = _export(tmp_path / "bad.jsonl", export_run_line(extra=["a"]))
     capsys.readouterr()
     assert main(["ingest", str(path)]) == 2
     assert "field 'extra' of cells must be a JSON object" in one_error_line(capsys)
@@ -445,7 +427,7 @@ def test_a_store_failing_its_integrity_check_is_refused_for_writing(tmp_path, ca
         f.seek((root - 1) * page_size + 8)
         f.write(b"\xff" * 16)
     before = hashlib.sha256(path.read_bytes()).hexdigest()
-    export = _export(tmp_path / "ok.jsonl", _run_line())
+    export = _export(tmp_path / "ok.jsonl", export_run_line())
     capsys.readouterr()
     assert main(["ingest", "--db", f"sqlite:///{path}", str(export)]) == 2
     assert "fails SQLite's integrity check" in one_error_line(capsys)

@@ -21,7 +21,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,13 @@ def _runner_and_args(
     return next(iter(seen.values()))
 
 
-def _steps(runner: GraceRunner, args: tuple[Any, ...]) -> dict[str, Callable[[], Any]]:
+def steady_steps(
+    runner: GraceRunner, args: Sequence[Any], *, launch: bool = True
+) -> dict[str, Callable[[], Any]]:
+    """The whole steady runner call and each step it makes, each a callable of no arguments; ``launch``:
+    with the graph's own replay (a real CUDA graph). Each ``runner_call`` counts as a compiled call of its
+    own (Dynamo's count moves by one), as through ``torch.compile``. Also used by the CPU stand-in
+    (scripts/bench_steady_call.py)."""
     recent = runner._recent
     if recent is None:
         raise SystemExit("the runner has no recent slot: not steady")
@@ -93,7 +99,7 @@ def _steps(runner: GraceRunner, args: tuple[Any, ...]) -> dict[str, Callable[[],
         GenerationTracker.generation += 1  # each call a compiled call of its own, as Dynamo counts them
         return runner(*args)
 
-    return {
+    steps: dict[str, Callable[[], Any]] = {
         "runner_call": runner_call,
         "release_unheld": pools.release_unheld,
         "calling_threads_note": streams.calling_threads.note,
@@ -106,9 +112,11 @@ def _steps(runner: GraceRunner, args: tuple[Any, ...]) -> dict[str, Callable[[],
         "stream_key": lambda: streams.current_stream_key(device),
         "pi_update": lambda: plan.update(args),
         "copy_in_none": lambda: graph.copy_in(args, ()),
-        "graph_replay": graph.graph.replay,
         "collect_outputs": lambda: graph.collect_outputs(args, False),
     }
+    if launch:
+        steps["graph_replay"] = graph.graph.replay
+    return steps
 
 
 def _sample(fn: Callable[[], Any], calls: int) -> float:
@@ -129,7 +137,7 @@ def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
         grace.reset()
         with torch.no_grad():
             runner, args = _runner_and_args(model, inputs, cache_dir)
-            steps = _steps(runner, args)
+            steps = steady_steps(runner, args)
             for fn in steps.values():
                 fn()
             samples: dict[str, list[float]] = {step: [] for step in steps}
