@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from torch._dynamo.mutation_guard import GenerationTracker
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import fakes
-from runner_steps import steady_steps  # the same steps the GPU script times
+from runner_steps import steady_steps, time_steps  # the same steps and timing as the GPU script
 
 from grace.options import GraceOptions
 from grace.pi import plan as pi_plan
@@ -109,36 +107,17 @@ def _dynamo_floor() -> Callable[[], Any]:
     return lambda: compiled(*inputs)
 
 
-def _sample(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def bench(static: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         runner, args = _runner(static, mp)
         steps = {**steady_steps(runner, args, launch=False), "dynamo_floor": _dynamo_floor()}
-        record = runner._recent.slot.record if runner._recent is not None else None
-        replays_before = record.graph_calls if record is not None else 0
-        rng = random.Random(seed)
-        samples: dict[str, list[float]] = {name: [] for name in steps}
-        for _ in range(rounds):
-            order = list(steps)
-            rng.shuffle(order)
-            for name in order:
-                samples[name].append(_sample(steps[name], calls))
-        replayed = (record.graph_calls if record is not None else 0) - replays_before
+        timed = time_steps(runner, steps, rounds, calls, random.Random(seed))
     return {
         "static_inputs": static,
         "rounds": rounds,
         "calls_per_sample": calls,
         "torch": torch.__version__,
-        "runner_calls": rounds * calls,
-        "runner_calls_replayed": replayed,
-        "median_us": {name: statistics.median(values) for name, values in samples.items()},
-        "samples_us": samples,
+        **timed,
     }
 
 

@@ -119,14 +119,43 @@ def steady_steps(
     return steps
 
 
-def _sample(fn: Callable[[], Any], calls: int) -> float:
-    torch.cuda.synchronize()
+def _sample(fn: Callable[[], Any], calls: int, sync: Callable[[], Any] | None) -> float:
+    if sync is not None:
+        sync()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
+    if sync is not None:
+        sync()
     return elapsed / calls * 1e6
+
+
+def time_steps(
+    runner: GraceRunner,
+    steps: dict[str, Callable[[], Any]],
+    rounds: int,
+    calls: int,
+    rng: random.Random,
+    sync: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """Each step timed ``rounds`` times (``calls`` calls per sample, the steps in a shuffled order per
+    round, ``sync`` around each sample), with the medians and how many runner calls replayed the graph."""
+    record = runner._recent.slot.record if runner._recent is not None else None
+    replays_before = record.graph_calls if record is not None else 0
+    samples: dict[str, list[float]] = {step: [] for step in steps}
+    for _ in range(rounds):
+        order = list(steps)
+        rng.shuffle(order)
+        for step in order:
+            samples[step].append(_sample(steps[step], calls, sync))
+    replays = (record.graph_calls if record is not None else 0) - replays_before
+    return {
+        "runner_calls": rounds * calls,
+        "runner_calls_replayed": replays,
+        "samples_us": samples,
+        "median_us": {step: statistics.median(values) for step, values in samples.items()},
+    }
 
 
 def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
@@ -140,21 +169,7 @@ def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
             steps = steady_steps(runner, args)
             for fn in steps.values():
                 fn()
-            samples: dict[str, list[float]] = {step: [] for step in steps}
-            record = runner._recent.slot.record if runner._recent is not None else None
-            replays_before = record.graph_calls if record is not None else 0
-            for _ in range(rounds):
-                order = list(steps)
-                rng.shuffle(order)
-                for step in order:
-                    samples[step].append(_sample(steps[step], calls))
-            replays = (record.graph_calls if record is not None else 0) - replays_before
-        results[name] = {
-            "runner_calls": rounds * calls,
-            "runner_calls_replayed": replays,
-            "samples_us": samples,
-            "median_us": {step: statistics.median(values) for step, values in samples.items()},
-        }
+            results[name] = time_steps(runner, steps, rounds, calls, rng, torch.cuda.synchronize)
     return results
 
 
