@@ -14,8 +14,8 @@ written is a ``ConfigError`` of one line, not a traceback. ``write_document`` is
 documents' way (``write_output`` with the folder made).
 
 Invariant: a target file is either its old content or its complete new content, never a mix; no
-output replaces a store, a device or a pipe; what is written has the mode the umask gives, as any file
-the user creates.
+output replaces a store, a device, a pipe or a symbolic link; what is written has the mode the umask
+gives, as any file the user creates.
 """
 
 from __future__ import annotations
@@ -86,7 +86,10 @@ def write_output(target: Path, write: Callable[[TextIO], _T]) -> _T:
     """Call ``write`` on a text stream whose content becomes ``target``: a file is replaced atomically
     (``replace_file``); a device or a pipe (``/dev/stdout``, ``/dev/full``, a FIFO) is written through,
     never replaced by a file. ``check_target``'s refusals and a failed write (no space, no permission)
-    are a ``ConfigError`` of one line."""
+    are a ``ConfigError`` of one line. A symbolic link is followed: what it points at is written, the link
+    stays."""
+    if target.is_symlink():
+        target = target.resolve()
     check_target(target)
     try:
         if target.exists() and not target.is_file():

@@ -38,6 +38,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.cells import CellKind, CellSpec
+from matrix.errors import ConfigError
 from matrix.fingerprint import Environment, probe_environment, project_git_sha
 from matrix.store.access import command_line, find_run, finish_run, get_or_create_cell, new_run_uid, start_run
 from matrix.store.models import RunStatus
@@ -58,6 +59,15 @@ class RunResult:
     status: RunStatus
     exit_code: int
     message: str | None
+
+
+def check_workers(workers: str | None) -> None:
+    """A ``ConfigError`` for a worker count pytest-xdist would refuse only after the run was recorded:
+    ``auto``, ``logical`` or a whole number of at least 0 (0: one process)."""
+    if workers is None or workers in ("auto", "logical"):
+        return
+    if not (workers.isdigit() and workers.isascii()):
+        raise ConfigError(f"-n/--workers {workers!r}: give a number of at least 0, 'auto' or 'logical'")
 
 
 def pytest_command(

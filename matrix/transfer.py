@@ -263,6 +263,14 @@ def check_header(item: dict[str, Any], where: str) -> None:
             f"{where}: export version {version} is newer than this grace-matrix reads ({EXPORT_VERSION}); "
             "upgrade grace-matrix"
         )
+    schema = item.get("schema")
+    if schema is not None and not (isinstance(schema, str) and schema.isdigit()):
+        raise TransferError(f"{where}: export schema {schema!r} is not valid (a store revision, '0002')")
+    if schema is not None and int(schema) > int(SCHEMA_VERSION):
+        raise TransferError(
+            f"{where}: export of a store at schema {schema}, newer than this grace-matrix knows "
+            f"({SCHEMA_VERSION}); upgrade grace-matrix"
+        )
 
 
 class Ingester:

@@ -162,3 +162,54 @@ def test_an_output_that_cannot_take_the_bytes_is_one_line(store, capsys, command
     assert main([command, "-o", "/dev/full"]) == 2
     assert "/dev/full: cannot write: No space left on device" in one_error_line(capsys)
     assert stat.S_ISCHR(Path("/dev/full").stat().st_mode)
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        ('"9999"', "export of a store at schema 9999, newer than this grace-matrix knows (0002); upgrade"),
+        ("2", "export schema 2 is not valid"),
+        ('"x; drop"', "export schema 'x; drop' is not valid"),
+    ],
+)
+def test_a_header_of_a_newer_or_malformed_schema_is_one_line(
+    store, tmp_path, capsys, schema, expected
+) -> None:
+    """A newer store's export failed on its first new field ('unknown field') with no hint to upgrade."""
+    header, run, perf = _lines()
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([header.replace('"0002"', schema), run, perf]) + "\n", encoding="utf-8")
+    before = store.read_bytes()
+    assert main(["ingest", str(path)]) == 2
+    assert expected in one_error_line(capsys)
+    assert store.read_bytes() == before
+
+
+def test_an_export_of_an_older_schema_is_ingested(store, tmp_path, capsys) -> None:
+    header, run, perf = _lines()
+    path = tmp_path / "old.jsonl"
+    path.write_text("\n".join([header.replace('"0002"', '"0001"'), run, perf]) + "\n", encoding="utf-8")
+    assert main(["ingest", str(path)]) == 0
+
+
+@pytest.mark.parametrize("command", ["results-doc", "compatibility", "export"])
+def test_an_output_that_is_a_symbolic_link_writes_what_it_points_at(store, tmp_path, command) -> None:
+    """The output was renamed over the link, which became a plain file; the link now stays."""
+    real = tmp_path / "real.out"
+    real.write_text("old\n", encoding="utf-8")
+    link = tmp_path / "link.out"
+    link.symlink_to(real)
+    assert main([command, "-o", str(link)]) == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert real.read_text(encoding="utf-8") not in ("", "old\n")
+
+
+@pytest.mark.parametrize("workers", ["-5", "two", "1.5", ""])
+def test_run_refuses_a_worker_count_before_recording_anything(store, capsys, workers) -> None:
+    """``run -n -5`` was handed to pytest-xdist, whose refusal was then recorded as a failed run."""
+    before = store.read_bytes()
+    assert main(["run", "--config", MATRIX, "-n", workers]) == 2
+    assert f"-n/--workers {workers!r}: give a number of at least 0" in one_error_line(capsys)
+    assert store.read_bytes() == before
+    assert main(["nightly", "--config", MATRIX, "--via", "run", "--no-report", "-n", workers]) == 2
+    assert f"-n/--workers {workers!r}" in one_error_line(capsys)

@@ -10,6 +10,7 @@ from typing import Any
 
 from matrix.cells import CellKind, default_config_path, load_matrix
 from matrix.errors import ConfigError
+from matrix.runner import check_workers
 from matrix.store.access import check_label
 from matrix.store.db import ENV_HOME, default_url
 from matrix_cli.commands._output import info, print_json
@@ -93,6 +94,7 @@ def handle(args: argparse.Namespace) -> int:
         raise ConfigError(f"--timeout {args.timeout}: give a number of seconds above zero")
     label = args.label or default_label()
     check_label(label)
+    check_workers(args.workers)
     if via is Via.RUN and any(c.kind is not CellKind.CURRENT for c in cells):
         info("grace-matrix: --via run records every cell with this interpreter's torch and Triton")
     target = args.db or default_url()

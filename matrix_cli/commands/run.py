@@ -10,7 +10,7 @@ from typing import Any
 from matrix.cells import default_config_path, load_matrix
 from matrix.errors import ConfigError
 from matrix.infiles import read_text
-from matrix.runner import ENV_CELL, ENV_LABEL, record_install_failure, run_cell
+from matrix.runner import ENV_CELL, ENV_LABEL, check_workers, record_install_failure, run_cell
 from matrix.store.access import check_label
 from matrix.store.db import default_url, open_store
 from matrix.store.models import RunStatus
@@ -44,6 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     cell = matrix.cell(args.cell or os.environ.get(ENV_CELL) or "current")
     label = args.label or os.environ.get(ENV_LABEL)
     check_label(label)
+    check_workers(args.workers)
     url = args.db or default_url()
     Session = open_store(url)
     if args.install_failed is not None:
