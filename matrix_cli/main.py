@@ -11,18 +11,21 @@ subcommand name. ``main`` is the only place that prints errors.
 
 Invariants: exit status 0 ok, 1 regression found or user error, 2 usage or configuration error, 3 an
 internal error (a bug: the traceback is printed), so a script never takes a crash for a finding; a
-``MatrixError`` or a database error never shows a traceback (``-v`` adds the log, not the trace).
+``MatrixError``, a database error or an output that cannot be written (standard output on a full disk:
+exit 2; a closed pipe: exit 0) never shows a traceback (``-v`` adds the log, not the trace).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from matrix.errors import MatrixError
 from matrix_cli.commands import COMMAND_MODULES
@@ -92,13 +95,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    watch = _StdoutWatch(sys.stdout)
+    sys.stdout = watch  # type: ignore[assignment]
+    try:
+        return _dispatch(args, watch)
+    finally:
+        sys.stdout = watch.stream
+
+
+class _StdoutWatch:
+    """Standard output, remembering a write it could not make (a full disk, a vanished terminal), so that
+    such a failure is told from an ``OSError`` of grace-matrix's own code."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.failure: OSError | None = None
+
+    def write(self, text: str) -> int:
+        return int(self._watched(self.stream.write, text))
+
+    def flush(self) -> None:
+        self._watched(self.stream.flush)
+
+    def _watched(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self.failure = exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _dispatch(args: argparse.Namespace, watch: _StdoutWatch) -> int:
+    """Run the command; every failure becomes its exit status and one line (a bug: the traceback)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from matrix.store.db import default_url, describe_error
     from matrix.text import terminal_text
 
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a failed write of the output shows here, not as an ignored error at exit
+        return code
     except MatrixError as exc:
         print(terminal_text(f"{PROG}: error: {exc}"), file=sys.stderr)
         return exc.exit_code
@@ -111,9 +153,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `grace-matrix ... | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout(watch)
         return 0
+    except OSError as exc:
+        if exc is not watch.failure:
+            return _internal_error(args.command)
+        _drop_stdout(watch)  # what stays buffered is not written again at exit
+        print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except Exception:
-        traceback.print_exc()
-        print(f"{PROG}: internal error in `{args.command}` (a bug; the traceback is above)", file=sys.stderr)
-        return INTERNAL_ERROR
+        return _internal_error(args.command)
+
+
+def _drop_stdout(watch: _StdoutWatch) -> None:
+    with contextlib.suppress(OSError, ValueError):  # no file descriptor (a captured stream): nothing to do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), watch.stream.fileno())
+
+
+def _internal_error(command: str) -> int:
+    traceback.print_exc()
+    print(f"{PROG}: internal error in `{command}` (a bug; the traceback is above)", file=sys.stderr)
+    return INTERNAL_ERROR

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +216,24 @@ def test_run_refuses_a_worker_count_before_recording_anything(store, capsys, wor
     assert store.read_bytes() == before
     assert main(["nightly", "--config", MATRIX, "--via", "run", "--no-report", "-n", workers]) == 2
     assert f"-n/--workers {workers!r}" in one_error_line(capsys)
+
+
+@pytest.mark.skipif(
+    not (Path("/dev/full").exists() and stat.S_ISCHR(Path("/dev/full").stat().st_mode)), reason="no /dev/full"
+)
+@pytest.mark.parametrize("command", [["summary"], ["summary", "--json"], ["export"]])
+def test_standard_output_that_cannot_take_the_bytes_is_one_line(store, command) -> None:
+    """``summary > /dev/full`` ended in a traceback and exit 3 (an internal error); a closed pipe stays
+    exit 0 (``| head``)."""
+    assert main(["seed-demo"]) == 0
+    cli = [sys.executable, "-m", "matrix_cli", *command]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(cli, stdout=full, stderr=subprocess.PIPE, text=True, check=False)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == ["grace-matrix: error: cannot write the output: No space left on device"], done.stderr
+    piped = subprocess.run(
+        f"{shlex.join(cli)} | head -c 1 > /dev/null; exit ${{PIPESTATUS[0]}}",
+        shell=True, executable="/bin/bash", stderr=subprocess.PIPE, text=True, check=False,
+    )  # fmt: skip
+    assert piped.returncode == 0 and "Traceback" not in piped.stderr, piped.stderr
