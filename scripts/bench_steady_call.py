@@ -31,6 +31,7 @@ from torch._dynamo.mutation_guard import GenerationTracker
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import fakes
+from host_layers import fixed_output_backend  # Dynamo's floor as the GPU scripts take it
 from runner_steps import steady_steps, time_steps  # the same steps and timing as the GPU script
 
 from grace.options import GraceOptions
@@ -96,12 +97,7 @@ def _dynamo_floor() -> Callable[[], Any]:
     from suites.workloads import get
 
     model, inputs = get("seed_elementwise_1m").factory("standard")(torch.device("cpu"), torch.float32)
-
-    def fixed_output(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        out = gm(*example_inputs)
-        return lambda *args: out
-
-    compiled = torch.compile(model, backend=fixed_output)
+    compiled = torch.compile(model, backend=fixed_output_backend)
     for _ in range(5):
         compiled(*inputs)
     return lambda: compiled(*inputs)

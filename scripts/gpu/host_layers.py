@@ -22,7 +22,7 @@ import argparse
 import json
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +48,20 @@ class _Stack(torch.nn.Module):
         return self.net(x)
 
 
-def _workloads() -> dict[str, tuple[Any, tuple[Any, ...]]]:
+WORKLOADS = ("seed_demo", "linear_gelu_16", "llm_decode_static_kv")
+
+
+def _workloads(names: Sequence[str] = WORKLOADS) -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """The models and inputs of ``names`` (of ``WORKLOADS``), built on the GPU."""
     torch.manual_seed(0)
     out: dict[str, tuple[Any, tuple[Any, ...]]] = {}
-    seed_model, seed_inputs = get("seed_elementwise_1m").factory("standard")(
-        torch.device("cuda"), torch.float32
-    )
-    out["seed_demo"] = (seed_model, tuple(seed_inputs))
-    out["linear_gelu_16"] = (_Stack().cuda().eval(), (torch.randn(4, 256, device="cuda"),))
-    decode_model, decode_inputs = get("llm_decode_static_kv").factory("standard")(
-        torch.device("cuda"), torch.float32
-    )
-    out["llm_decode_static_kv"] = (decode_model, tuple(decode_inputs))
+    for name in names:
+        if name == "linear_gelu_16":
+            out[name] = (_Stack().cuda().eval(), (torch.randn(4, 256, device="cuda"),))
+            continue
+        suite_name = "seed_elementwise_1m" if name == "seed_demo" else name
+        model, inputs = get(suite_name).factory("standard")(torch.device("cuda"), torch.float32)
+        out[name] = (model, tuple(inputs))
     return out
 
 
@@ -84,13 +86,13 @@ class _Recorder:
         return call
 
 
-class _RunnerCalls:
+class RunnerCalls:
     """While entered, records each call of a grace runner with its arguments (the last one kept)."""
 
     def __init__(self) -> None:
         self.calls: dict[int, tuple[GraceRunner, tuple[Any, ...]]] = {}
 
-    def __enter__(self) -> _RunnerCalls:
+    def __enter__(self) -> RunnerCalls:
         original = GraceRunner.__call__
         calls = self.calls
 
@@ -106,7 +108,8 @@ class _RunnerCalls:
         GraceRunner.__call__ = self._original  # type: ignore[method-assign]
 
 
-def _fixed_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+def fixed_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A Dynamo backend whose callable launches nothing and returns one fixed output: Dynamo's floor."""
     out = gm(*example_inputs)
     return lambda *args: out
 
@@ -120,11 +123,11 @@ def _modes(
         "inductor": torch.compile(model),
         "pt2cg": torch.compile(model, mode="reduce-overhead"),
         "grace": torch.compile(model, backend=recorder),
-        "dynamo_floor": torch.compile(model, backend=_fixed_output_backend),
+        "dynamo_floor": torch.compile(model, backend=fixed_output_backend),
     }
     raw = RawGraph(torch.compile(model), copy_inputs=False)
     raw_copy = RawGraph(torch.compile(model), copy_inputs=True)
-    with _RunnerCalls() as runner_calls:
+    with RunnerCalls() as runner_calls:
         for fn in (*compiled.values(), raw, raw_copy):
             for _ in range(8):
                 fn(*inputs)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from host_layers import RunnerCalls, _workloads  # this directory is first on the path of a script run from it
 from torch._dynamo.mutation_guard import GenerationTracker
 
 import grace
@@ -34,47 +35,23 @@ from grace.backend import GraceBackend
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.runner import GraceRunner
-from suites.workloads import get
 
-
-def _stack() -> torch.nn.Module:
-    layers = [m for _ in range(16) for m in (torch.nn.Linear(256, 256), torch.nn.GELU())]
-    return torch.nn.Sequential(*layers).cuda().eval()
-
-
-def _workloads() -> dict[str, tuple[Any, tuple[Any, ...]]]:
-    torch.manual_seed(0)
-    seed_model, seed_inputs = get("seed_elementwise_1m").factory("standard")(
-        torch.device("cuda"), torch.float32
-    )
-    return {
-        "seed_demo": (seed_model, tuple(seed_inputs)),
-        "linear_gelu_16": (_stack(), (torch.randn(4, 256, device="cuda"),)),
-    }
+# Of host_layers.WORKLOADS: the decode step's GPU work hides its host steps.
+WORKLOADS = ("seed_demo", "linear_gelu_16")
 
 
 def _runner_and_args(
     model: Any, inputs: tuple[Any, ...], cache_dir: str
 ) -> tuple[GraceRunner, tuple[Any, ...]]:
     """Compile with grace, call until steady, and return the one runner with the arguments it was given."""
-    seen: dict[int, tuple[GraceRunner, tuple[Any, ...]]] = {}
-    original = GraceRunner.__call__
-
-    def recording(runner: GraceRunner, *args: Any) -> Any:
-        seen[id(runner)] = (runner, args)
-        return original(runner, *args)
-
     compiled = torch.compile(model, backend=GraceBackend(GraceOptions(cache_dir=cache_dir)))
-    GraceRunner.__call__ = recording  # type: ignore[method-assign,assignment]
-    try:
+    with RunnerCalls() as runner_calls:
         for _ in range(30):
             compiled(*inputs)
-    finally:
-        GraceRunner.__call__ = original  # type: ignore[method-assign]
     torch.cuda.synchronize()
-    if len(seen) != 1:
-        raise SystemExit(f"expected one grace runner, found {len(seen)}")
-    return next(iter(seen.values()))
+    if len(runner_calls.calls) != 1:
+        raise SystemExit(f"expected one grace runner, found {len(runner_calls.calls)}")
+    return next(iter(runner_calls.calls.values()))
 
 
 def steady_steps(
@@ -161,7 +138,7 @@ def time_steps(
 def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     rng = random.Random(0)
-    for name, (model, inputs) in _workloads().items():
+    for name, (model, inputs) in _workloads(WORKLOADS).items():
         torch._dynamo.reset()
         grace.reset()
         with torch.no_grad():
