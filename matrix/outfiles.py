@@ -102,7 +102,6 @@ def write_output(target: Path, write: Callable[[TextIO], _T]) -> _T:
 
 def write_document(target: Path, text: str) -> None:
     """``text`` as the whole of ``target`` (as ``write_output`` writes; its folder made when missing)."""
-    check_target(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

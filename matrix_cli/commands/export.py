@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError, MatrixError
-from matrix.outfiles import check_target, write_output
+from matrix.outfiles import write_output
 from matrix.store.db import StoreAccess, open_store
 from matrix.transfer import RunFilter, export_jsonl, selected_runs
 from matrix_cli.commands._output import info, print_json, selection_text
@@ -35,7 +35,6 @@ def handle(args: argparse.Namespace) -> int:
             counts = export_jsonl(session, sys.stdout, run_filter)
         else:
             target = Path(args.output)
-            check_target(target)
             if not target.parent.is_dir():
                 raise ConfigError(f"--output {target}: directory {target.parent} does not exist")
             # A file is written beside the target and renamed: an interrupted export leaves no half file.
