@@ -53,6 +53,22 @@ backward whose gradients are still a ``.grad`` (accumulation without ``zero_grad
 runs that call without the graph. A forward's outputs before ``kept_from`` go to the caller and follow
 the per-call contract.
 
+Note: [Outputs a shared pool lends]
+A graph that keeps its outputs keeps their memory allocated for as long as it lives; in a pool shared by a
+training step's graphs (grace.poolgroups) that is what keeps a backward from taking the memory of saved
+tensors its forward no longer needs, as eager and cudagraph trees do. So a training graph in a shared
+pool, once its deciding call has handed out its outputs, gives up owning them
+(``OutputFamily.lend``): its own tensors become tensors over the same addresses whose storages own
+nothing (``allocator.unowned_like``), and the storages it had owned live only as long as what was
+handed out from them; when they die the allocator counts their blocks as free, and a later capture into
+the pool may take them. Replays hand out aliases of the unowned tensors, which the allocator does not
+count. That is safe because nothing but a capture into the pool allocates from it: a capture into the
+pool is allowed only while no output of any member lies in such a free block and is still held
+(``OutputFamily.unbacked_held``, checked by ``PoolGroup.capture_safe``); else that capture gets a pool
+of its own. Replays stay ordered by footprints (Note: [What a replay can overwrite] in
+grace.poolgroups), which now also meet outputs of members captured earlier. The held checks count both
+storages of a lent output: the unowned one beyond the graph's own tensors and the one it had owned.
+
 Invariant: nothing here holds an output beyond the graph's own list; weak references only.
 """
 
@@ -67,6 +83,7 @@ from typing import Any
 
 import torch
 
+from grace.compat import allocator
 from grace.compat import torch as torch_compat
 from grace.streams import calling_threads
 
@@ -186,6 +203,7 @@ class OutputFamily:
     released: bool = False
     for_autograd: bool = False
     kept: tuple[bool, ...] = ()
+    owners: tuple[Any, ...] = ()  # per ref: the storage it had owned (Note: [Outputs a shared pool lends])
     _held_checks: tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld] | None = field(
         default=None, repr=False
     )  # built from refs (_checks)
@@ -211,8 +229,56 @@ class OutputFamily:
         """Whether anything but the graph holds an output: counted against the graph's own tensors while
         it lives, against none once it is released (it dropped them)."""
         if self.released:
-            return any(torch_compat.storage_use_count(ref) > 0 for ref, _ in self.refs)
+            return any(torch_compat.storage_use_count(ref) > 0 for ref in self.all_refs())
         return self.counted_held()
+
+    def all_refs(self) -> list[Any]:
+        """Weak references to every storage whose holders keep the outputs' memory in use: the outputs'
+        own and, for lent ones, the storages they were handed out from."""
+        return [ref for ref, _ in self.refs] + [owner for owner in self.owners if owner is not None]
+
+    def lend(
+        self,
+        outputs: list[Any],
+        aliases: Sequence[OutputAlias],
+        device: torch.device,
+        positions: frozenset[int] | None,
+    ) -> bool:
+        """Note: [Outputs a shared pool lends]: replace the graph's own output tensors at ``positions``
+        (those in its pool; None: every output on the device but views of inputs) in ``outputs`` (in
+        place: the list is the family's) by unowned ones over the same memory; True when it did.
+        Outputs already shared across threads with counts that could not be matched stay owned."""
+        before = _pool_outputs(outputs, aliases, device)
+        if self.owners or len(before) != len(self.refs):
+            return False
+        found = _pool_outputs_all(outputs, aliases, device)
+        chosen = [p for p in found if positions is None or p in positions]
+        for position, fresh in zip(chosen, allocator.unowned_like([found[p] for p in chosen]), strict=True):
+            outputs[position] = fresh
+        lent_keys = {_storage_ptr(outputs[p]) for p in chosen}
+        refs: list[tuple[Any, int]] = []
+        owners: list[Any] = []
+        now = _pool_outputs(outputs, aliases, device)
+        for (ref, own), (key, tensor) in zip(self.refs, now.items(), strict=True):
+            if key in lent_keys:
+                fresh_ref = torch_compat.storage_weak_ref(tensor)
+                refs.append((fresh_ref, torch_compat.storage_use_count(fresh_ref)))
+                owners.append(ref)
+            else:
+                refs.append((ref, own))
+                owners.append(None)
+        self.refs, self.owners, self._held_checks = refs, tuple(owners), None
+        return bool(lent_keys)
+
+    def unbacked_held(self) -> bool:
+        """Whether an output lent from memory the allocator counts as free (the storage it was handed out
+        from has died) is still held: a capture into the pool could take that memory now."""
+        return any(
+            owner is not None
+            and torch_compat.storage_use_count(ref) > own
+            and torch_compat.storage_use_count(owner) == 0
+            for (ref, own), owner in zip(self.refs, self.owners, strict=False)
+        )
 
     def kept_held(self) -> bool:
         """Whether something (autograd's saved tensors, a gradient) holds an output it keeps past the call."""
@@ -222,9 +288,12 @@ class OutputFamily:
         """The held checks over every storage of ``refs`` and over the kept ones, built once per ``refs``."""
         checks = self._held_checks
         if checks is None:
+            lent = [(owner, 0) for owner in self.owners]  # a handed-out tensor of the owned storage
             kept = [pair for pair, keeps in zip(self.refs, self.kept, strict=False) if keeps]
+            kept += [p for p, keeps in zip(lent, self.kept, strict=False) if keeps and p[0] is not None]
+            lent = [pair for pair in lent if pair[0] is not None]
             checks = self._held_checks = (
-                torch_compat.StoragesHeld(self.refs),
+                torch_compat.StoragesHeld([*self.refs, *lent]),
                 torch_compat.StoragesHeld(kept),
             )
         return checks

@@ -7,9 +7,10 @@ memory, and a replay must never overwrite an output something still needs.
 Note: [Graphs in one pool] Graphs may be captured into one pool (``PoolGroup``): a training graph's
 output sets (option ``output_sets_share_pool``, Note: [Output sets] in grace.outputsets), or every
 training graph of a device (Note: [A training step in one pool]). A capture allocates only blocks free
-at that moment, and every member keeps its outputs allocated while it lives, so a capture never lands
-on a member's outputs; it may land on a member's temporaries and free blocks. So a replay, which writes
-everything its capture allocated, may overwrite outputs of members captured after it, and only those.
+at that moment: a member's temporaries, free blocks, and the outputs a member lent once what they were
+handed out as has died (Note: [Outputs a shared pool lends] in grace.outputs; a member that keeps its
+outputs keeps them allocated). So a replay, which writes everything its capture allocated, may
+overwrite outputs of members captured after it, and lent outputs of members captured before it.
 Note: [What a replay can overwrite] says which: ``PoolGroup.overwritten_held`` tells whether one of
 their outputs is still needed (kept by autograd, held in this compiled call, read by this call, or held
 at all where the member serves another callable: the per-call contract covers only a callable's own
@@ -41,8 +42,10 @@ id: the next capture takes a fresh id (``PoolGroup.capture_handle``).
 Invariants:
 - a member's replay is allowed only while no output it may overwrite is still needed
   (``overwritten_held``), whichever member captured it and whichever callable it serves;
+- a capture goes into the pool only while no lent output lies in a free block and is held
+  (``for_capture``); members lend only where every footprint is known (``lend_outputs``);
 - a footprint is a superset of what a replay writes in the pool; an unknown one is everything;
-- the group holds no tensor: members are the captured graphs, which hold their own outputs.
+- the group holds no tensor: members are the captured graphs, which hold (or lend) their outputs.
 """
 
 from __future__ import annotations
@@ -253,6 +256,31 @@ def _still_needed(other: _Seat, kin: object, generation: int, args: Sequence[Any
     if other.kin is not kin or args is None or family.last_generation == generation:
         return True  # another callable's, held in this call, or no way to tell
     return bool(other.graph.outputs_read_by(args, range(len(args))))  # an earlier call's, read now
+
+
+def for_capture(group: PoolGroup | None) -> PoolGroup | None:
+    """The group a capture may go into: ``group``, or None (a pool of its own) while an output a member
+    lent lies in memory the allocator counts as free and is still held (Note: [Outputs a shared pool
+    lends] in grace.outputs): the capture could take that memory."""
+    if group is None or not any(member.family.unbacked_held() for member in group.members):
+        return group
+    return None
+
+
+def lend_outputs(graph: Any) -> bool:
+    """Note: [Outputs a shared pool lends] in grace.outputs: ``graph``, a training graph in a shared pool
+    whose deciding call has handed out its outputs, gives up owning them; True when it did. Only where
+    every member's footprint is known (the pool's layout), so that replays also spare the outputs of
+    members captured earlier that a later capture took the memory of."""
+    if graph is None:
+        return False
+    owner = graph.outputs_owner
+    family = owner.family
+    if owner.pool_group is None or not family.for_autograd or owner.pool_positions is None:
+        return False
+    if not (allocator.has_pool_layout() and allocator.has_unowned_storage()):
+        return False
+    return bool(family.lend(owner.outputs, owner.aliases, owner.device, owner.pool_positions))
 
 
 _step_groups: dict[int, PoolGroup] = {}

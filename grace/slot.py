@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from grace import decide as deciding
-from grace import outputsets
+from grace import outputsets, poolgroups
 from grace import stats as grace_stats
 from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
-from grace.poolgroups import PoolGroup
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.recent import RecentSlot
 from grace.rerun import CallStart, input_versions
@@ -85,11 +84,9 @@ class GraphSlot:
         self.verify_ptrs: list[int | None] | None = None
         # Graphs captured for other static-input addresses (oldest first), bounded by max_recaptures.
         self.kept: list[_KeptGraph] = []
-        # grace.rebind: no more graphs sharing outputs for this slot (Note: [Layers that hold each
-        # other's outputs]).
+        # grace.rebind: no more graphs sharing outputs (Note: [Layers that hold each other's outputs])
         self.rebind_blocked = False
-        # The runner's check that a call has this slot's signature (built on the slot's first call;
-        # stays None where this torch has no C++ tensor check).
+        # The runner's check of this slot's signature (built on its first call; None: no C++ check).
         self.recent: RecentSlot[GraphSlot] | None = None
 
     def run(self, args: Sequence[Any]) -> Any:
@@ -103,7 +100,7 @@ class GraphSlot:
             return self._run_warmup(args)
         return self._run_released(args)
 
-    def facts(self, pool_group: PoolGroup | None = None) -> SlotFacts:
+    def facts(self, pool_group: poolgroups.PoolGroup | None = None) -> SlotFacts:
         runner = self.runner
         return SlotFacts(
             compiled=runner.compiled,
@@ -300,8 +297,8 @@ class GraphSlot:
 
     def drop_for_mismatch(self, variant: Any, when: str, problem: str) -> None:
         """No graph from now on: ``variant`` differed from the no-graph output at ``when``."""
-        value = getattr(variant, "value", variant)
-        self.set_no_graph(SkipReason(SkipCode.NUMERIC_MISMATCH, f"{value} at the {when}: {problem}"))
+        text = f"{getattr(variant, 'value', variant)} at the {when}: {problem}"
+        self.set_no_graph(SkipReason(SkipCode.NUMERIC_MISMATCH, text))
 
     # --- transitions -----------------------------------------------------------------------
 
@@ -427,12 +424,15 @@ class GraphSlot:
 
     # --- the deciding call -----------------------------------------------------------------
 
-    def decide(self, args: Sequence[Any], pool_group: PoolGroup | None = None) -> Any:
+    def decide(self, args: Sequence[Any], pool_group: poolgroups.PoolGroup | None = None) -> Any:
         """A deciding call; its captures go into ``pool_group``'s pool, or the step's (``step_pool``)."""
         runner = self.runner
         with runner.lock:
-            group = pool_group if pool_group is not None else runner.plan.step_pool(runner.options)
-            return self.apply(deciding.decide(self.facts(group), args), args)
+            group = poolgroups.for_capture(pool_group or runner.plan.step_pool(runner.options))
+            out = self.apply(deciding.decide(self.facts(group), args), args)
+            if group is not None:  # Note: [Outputs a shared pool lends] in grace.outputs
+                poolgroups.lend_outputs(self.graph)
+            return out
 
     def apply(self, decision: deciding.SlotDecision, args: Sequence[Any]) -> Any:
         """Enter the state ``decision`` settles and finish the deciding call with it."""

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import grace
+import grace.runner
 from grace import backend, stats
+from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_grace")]
@@ -134,6 +136,24 @@ def test_training_steps_equal_eagers_and_run_in_cuda_graphs(
     _train(eager, model, compiled, steps=8)
     launches = _graph_launches(graphs)
     assert launches.get("forward", 0) >= 5 and launches.get("backward", 0) >= 5, f"{launches}\n{_why(graphs)}"
+
+
+def test_a_step_pool_lends_its_graphs_outputs(tmp_path: Path, graphs: list[Any]) -> None:
+    """Note: [Outputs a shared pool lends] in grace.outputs: in the step's pool the forward and the
+    backward give up owning their outputs once handed out; every step equals eager's, and after the last
+    one no storage they were handed out from is alive: their memory is the allocator's again."""
+    eager, model, compiled = _pair(tmp_path, scg=False, step_pool=True)
+    _train(eager, model, compiled, steps=6)
+    families = [
+        slot.graph.outputs_owner.family
+        for runner in list(grace.runner._live_runners)
+        for slot in runner.slots.values()
+        if slot.graph is not None
+    ]
+    lent = [family for family in families if family.owners]
+    assert lent, _why(graphs)
+    alive = [torch_compat.storage_use_count(o) for f in lent for o in f.owners if o is not None]
+    assert not any(alive), alive
 
 
 def test_training_with_selective_graphs_equals_eager(tmp_path: Path, graphs: list[Any]) -> None:

@@ -224,3 +224,32 @@ class AllocationTrace:
             self._owned = False
             with contextlib.suppress(Exception):
                 torch.cuda.memory._record_memory_history(None)
+
+
+# --- outputs over memory the allocator does not count (Note: [Outputs a shared pool lends]) ---------
+
+
+@functools.cache
+def has_unowned_storage() -> bool:
+    """Whether this torch builds a storage over an address without owning it
+    (``torch._C._construct_storage_from_data_pointer``, which cudagraph trees use for replay outputs)."""
+    return callable(getattr(torch._C, "_construct_storage_from_data_pointer", None))
+
+
+def unowned_like(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors with the sizes, strides, offsets and dtypes of ``tensors`` over storages that own nothing:
+    the memory stays the allocator's, whose block is freed when the last owning tensor dies, whatever
+    these hold. Tensors that share a storage get one storage again; none requires grad."""
+    construct = torch._C._construct_storage_from_data_pointer
+    storages: dict[int, Any] = {}
+    out: list[torch.Tensor] = []
+    for tensor in tensors:
+        own = tensor.untyped_storage()
+        key = int(own.data_ptr())
+        storage = storages.get(key)
+        if storage is None:
+            storage = storages[key] = construct(key, tensor.device, int(own.nbytes()))
+        fresh = torch.empty((0,), dtype=tensor.dtype, device=tensor.device)
+        fresh.set_(storage, tensor.storage_offset(), tensor.size(), tensor.stride())
+        out.append(fresh)
+    return out
