@@ -36,8 +36,9 @@ from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.runner import GraceRunner
 
-# Of host_layers.WORKLOADS: the decode step's GPU work hides its host steps.
-WORKLOADS = ("seed_demo", "linear_gelu_16")
+# Of host_layers.WORKLOADS; the decode step's GPU work (about 1.7 ms a call) gets a tenth of the calls.
+WORKLOADS = ("seed_demo", "linear_gelu_16", "llm_decode_static_kv")
+FEWER_CALLS = {"llm_decode_static_kv": 10}
 
 
 def _runner_and_args(
@@ -142,11 +143,16 @@ def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
         torch._dynamo.reset()
         grace.reset()
         with torch.no_grad():
-            runner, args = _runner_and_args(model, inputs, cache_dir)
-            steps = steady_steps(runner, args)
+            try:  # a workload that is not one steady PI graph is reported, and the others still run
+                runner, args = _runner_and_args(model, inputs, cache_dir)
+                steps = steady_steps(runner, args)
+            except SystemExit as exc:
+                results[name] = {"skipped": str(exc)}
+                continue
             for fn in steps.values():
                 fn()
-            results[name] = time_steps(runner, steps, rounds, calls, rng, torch.cuda.synchronize)
+            n = max(1, calls // FEWER_CALLS.get(name, 1))
+            results[name] = time_steps(runner, steps, rounds, n, rng, torch.cuda.synchronize)
     return results
 
 
@@ -163,8 +169,11 @@ def main() -> int:
     document = {"format_version": 1, "env": env, "rounds": ns.rounds, "calls": ns.calls, "results": results}
     (ns.out / "runner_steps.json").write_text(json.dumps(document))
     for name, result in results.items():
+        if "skipped" in result:
+            print(f"{name}: skipped: {result['skipped']}")
+            continue
         replayed = f"{result['runner_calls_replayed']} of {result['runner_calls']} runner calls replayed"
-        print(f"{name}: us per call, median of {ns.rounds} rounds of {ns.calls} calls ({replayed})")
+        print(f"{name}: us per call, median of {ns.rounds} rounds ({replayed})")
         for step, value in result["median_us"].items():
             print(f"  {step:<22}{value:9.2f}")
     return 0
