@@ -467,7 +467,7 @@ class CapturedGraph:
             if group is not None:  # its outputs are dead: no other member's replay need spare them
                 group.leave(self)
 
-        pools.release_when_unheld([ref for ref, _ in family.refs], release_pool)
+        pools.release_when_unheld(family.all_refs(), release_pool)
 
 
 def _alias(output: torch.Tensor) -> torch.Tensor:
