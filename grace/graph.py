@@ -290,23 +290,26 @@ class CapturedGraph:
         """One replay on the current stream (``run_with_copies``/``run_with_pi`` order it first)."""
         self.graph.replay()
 
-    def run_with_copies(self, args: Sequence[Any], clone: bool) -> Any:
-        """Graph with input copies: what PyTorch2-CG does on each call."""
-        self.order_streams()
+    def run_with_copies(self, args: Sequence[Any], clone: bool, ordered: bool = False) -> Any:
+        """Graph with input copies: what PyTorch2-CG does on each call (``ordered``: streams checked)."""
+        if not ordered:
+            self.order_streams()
         self.copy_in(args, self.copy_indices)
         self.replay()
         self.copy_back(args, self.mutated_indices)
         return self.collect_outputs(args, clone)
 
-    def run_with_pi(self, args: Sequence[Any], clone: bool) -> Any:
+    def run_with_pi(self, args: Sequence[Any], clone: bool, ordered: bool = False) -> Any:
         plan = self.pi_plan
         assert plan is not None
-        self.order_streams()  # before the table update: a replay in flight elsewhere may still read it
+        if not ordered:  # before the table update: a replay in flight elsewhere may still read it
+            self.order_streams()
         copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         if copied and self.borrowed:
             plan.rebase_placeholders(self.own_placeholders())
             copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
-        self.copy_in(args, copied)
+        if copied:  # (an empty copy still costs a dispatch)
+            self.copy_in(args, copied)
         self.replay()
         if self.mutated_indices:
             self.copy_back(args, [i for i in self.mutated_indices if i in copied])

@@ -89,6 +89,7 @@ from grace.recent import RecentSlot
 from grace.runplan import Environment, PIPrepare, RunnerPlan
 from grace.scg import DecisionKey, Variant
 from grace.slot import GraphSlot, SlotState
+from grace.steady import MISS, SteadyCall
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,8 @@ class GraceRunner:
         self.slots: OrderedDict[Any, GraphSlot] = OrderedDict()
         self._adapter = plan.input_adapter
         self._recent: RecentSlot[GraphSlot] | None = None
+        self._steady: SteadyCall | None = None  # Note: [The steady call] in grace.steady
+        self._steady_tried: weakref.ref[Any] | None = None  # the graph it was last built for
         self._skip_record: grace_stats.GraphStats | None = None
         device = plan.device
         # The device whose context a call's driver work needs current in the calling thread (None: no
@@ -166,6 +169,14 @@ class GraceRunner:
         return tuple(parts)
 
     def __call__(self, *args: Any) -> Any:
+        steady = self._steady
+        if steady is not None:  # Note: [The steady call] in grace.steady
+            with self.lock:
+                out = steady(self._recent, args)
+                if out is not MISS:
+                    return out
+                if steady.stale():
+                    self._steady = None
         pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
         if self._notes_thread:
             calling_threads.note()  # Note: [Outputs and threads] in grace.outputs
@@ -189,7 +200,10 @@ class GraceRunner:
             return self.compiled(*args)
         recent = self._recent
         if recent is not None and recent.matches(args):
-            return recent.slot.run(args)  # the most recently used slot: already last in the LRU order
+            out = recent.slot.run(args)  # the most recently used slot: already last in the LRU order
+            if self._steady is None and self._adapter is None:
+                self._offer_steady(recent)
+            return out
         key = self.signature(args)
         slot = self.slots.get(key)
         if slot is None:
@@ -200,6 +214,14 @@ class GraceRunner:
             slot.recent = RecentSlot.build(self.plan, args, slot)
         self._recent = slot.recent if self.slots.get(key) is slot else None
         return slot.run(args)
+
+    def _offer_steady(self, recent: RecentSlot[GraphSlot]) -> None:
+        """Build the steady call for ``recent``'s graph, once per graph (Note: [The steady call])."""
+        graph = recent.slot.graph
+        if graph is None or (self._steady_tried is not None and self._steady_tried() is graph):
+            return
+        self._steady_tried = weakref.ref(graph)
+        self._steady = SteadyCall.of(recent, self.options.clone_outputs)
 
     def _new_slot(self, key: tuple[Any, ...]) -> GraphSlot:
         with self.lock:
@@ -218,19 +240,20 @@ class GraceRunner:
                 _, evicted = self.slots.popitem(last=False)
                 recent = self._recent
                 if recent is not None and recent.slot is evicted:
-                    self._recent = None
+                    self._recent = self._steady = None
                 evicted.release()
             return slot
 
     def release(self) -> None:
         """Release every graph and pool; slots start over on their next call."""
         with self.lock:
+            self._steady = None
             for slot in self.slots.values():
                 slot.release()
 
     def reset(self) -> None:
         with self.lock:
-            self._recent = None
+            self._recent = self._steady = None
             for slot in self.slots.values():
                 slot.release()
             self.slots.clear()

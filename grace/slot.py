@@ -153,7 +153,7 @@ class GraphSlot:
         try:
             return spec.replay(graph, args, self.runner.options.clone_outputs)
         except Exception as exc:
-            return self._replay_failed(args, exc)
+            return self.replay_failed(args, exc)
 
     def _held_by_family(self, graph: CapturedGraph, args: Sequence[Any], held: HeldState) -> bool:
         """Whether outputs that another graph of ``graph``'s family wrote in this call are surely still
@@ -289,7 +289,7 @@ class GraphSlot:
         except Exception as exc:
             self.record.calls -= 1
             self.record.graph_calls -= 1
-            return self._replay_failed(args, exc)
+            return self.replay_failed(args, exc)
         if problem is None:
             return out
         self.drop_for_mismatch(variant, when, problem)
@@ -366,7 +366,7 @@ class GraphSlot:
         self.state = SlotState.WARMUP
         return self.run(args)
 
-    def _replay_failed(self, args: Sequence[Any], exc: Exception) -> Any:
+    def replay_failed(self, args: Sequence[Any], exc: Exception) -> Any:
         self.set_no_graph(SkipReason(SkipCode.REPLAY_FAILED, f"{type(exc).__name__}: {exc}"))
         return self._run_no_graph(args)
 

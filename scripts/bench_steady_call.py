@@ -7,7 +7,10 @@ output), its CUDA graph a stand-in whose replay does nothing and its pointer tab
 values. Each call counts as a compiled call of its own (Dynamo's count moves by one), as through
 ``torch.compile``. Beside them, ``dynamo_floor``: the seed demo (four elementwise ops on 1M floats) through
 ``torch.compile`` with a backend whose callable returns a fixed tensor, Dynamo's frame and guards alone, to
-scale this CPU's figures to another host's. Figures are medians of ``--rounds`` raw samples (each the mean of
+scale this CPU's figures to another host's; ``dynamo_runner``, the runner returned to Dynamo by a backend and
+called through ``torch.compile`` (its code then runs after Dynamo's, as in a real call, colder than in a loop
+of its own), and ``dynamo_fixed``, the same function with a fixed output: their difference is what grace
+costs inside a compiled call. Figures are medians of ``--rounds`` raw samples (each the mean of
 ``--calls`` calls), the steps sampled in a seeded random order per round; ``--json`` prints one line with the
 raw samples.
 
@@ -103,10 +106,32 @@ def _dynamo_floor() -> Callable[[], Any]:
     return lambda: compiled(*inputs)
 
 
+def _through_dynamo(args: Sequence[Any], returns: Callable[..., Any]) -> Callable[[], Any]:
+    """A call as Dynamo makes it: ``torch.compile`` of a function of ``args`` whose backend returns
+    ``returns`` (the runner, so that its code runs where it runs in a real call, after Dynamo's frame and
+    guards; or a fixed output, Dynamo's floor for the same function)."""
+
+    def uses_every_input(*tensors: torch.Tensor) -> torch.Tensor:
+        out = tensors[0] * 2
+        for t in tensors[1:]:
+            out = out + t.sum()
+        return out
+
+    compiled = torch.compile(uses_every_input, backend=lambda gm, example_inputs: returns)
+    for _ in range(5):
+        compiled(*args)
+    return lambda: compiled(*args)
+
+
 def bench(static: int, rounds: int, calls: int, seed: int = 0) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         runner, args = _runner(static, mp)
-        steps = {**steady_steps(runner, args, launch=False), "dynamo_floor": _dynamo_floor()}
+        steps = {
+            **steady_steps(runner, args, launch=False),
+            "dynamo_floor": _dynamo_floor(),
+            "dynamo_fixed": _through_dynamo(args, lambda *a: a[0]),
+            "dynamo_runner": _through_dynamo(args, runner),
+        }
         timed = time_steps(runner, steps, rounds, calls, random.Random(seed))
     return {
         "static_inputs": static,
