@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.readmodel import RunInfo
+from matrix.statuses import row_status
 from matrix.store.models import CorrectnessResult, Workload
 from suites.fuzz import DETAILS_FORMAT, WORKLOAD
 
@@ -119,7 +120,18 @@ def fuzz_rows(session: Session, runs: Sequence[RunInfo]) -> tuple[FuzzRow, ...]:
         .order_by(CorrectnessResult.id)
     )
     rows = [
-        _row(by_pk[run_pk], mode, status, dict(errors or {}), dict(details or {}))
+        _row(
+            by_pk[run_pk],
+            mode,
+            str(row_status(status, errors, details) or status),
+            _mapping(errors),
+            _mapping(details),
+        )
         for run_pk, mode, status, errors, details in session.execute(stmt)
     ]
     return tuple(sorted(rows, key=lambda r: (r.run.started_at, r.run.pk), reverse=True))
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    """A stored JSON object as a dict; {} for none, or for an unreadable one (its row reads unreadable)."""
+    return dict(value) if isinstance(value, dict) else {}

@@ -51,7 +51,7 @@ from matrix.regressions.observations import (
 from matrix.regressions.status import Verdict
 from matrix.regressions.thresholds import Thresholds
 from matrix.report import build_report
-from matrix.statuses import read_status
+from matrix.statuses import ResultStatus, read_status, row_status
 from matrix.store.models import Cell, CorrectnessResult, PerformanceResult, PIStageResult, Workload
 from matrix.training_report import TrainingView, build_training, training_names
 from suites.records import PIStage
@@ -237,12 +237,18 @@ def _state(verdicts: Counter[str], failing: bool) -> str:
 
 def _synthetic_cells(session: Session) -> set[str]:
     rows = session.execute(select(Cell.cell_id, Cell.gpu_name, Cell.extra))
-    return {f"{cid}@{gpu or 'no-gpu'}" for cid, gpu, extra in rows if (extra or {}).get("synthetic")}
+    return {
+        f"{cid}@{gpu or 'no-gpu'}"
+        for cid, gpu, extra in rows
+        if isinstance(extra, dict) and extra.get("synthetic")
+    }
 
 
 def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest], int]:
     """One compact pass over every result row: per-run comparison rows and status counts (of each logical
-    run, merged by ``readmodel.merge_latest``)."""
+    run, merged by ``readmodel.merge_latest``). A row is judged here by its status and the median it shows
+    (an unreadable median counts ``unreadable``, with no figure); its JSON columns are not decoded for
+    every run of the history (the verdicts, which read whole rows, judge the runs they judge)."""
     rows: dict[int, list[list[Any]]] = defaultdict(list)
     total = 0
     for model, suite in ((CorrectnessResult, "correctness"), (PerformanceResult, "performance")):
@@ -251,9 +257,10 @@ def _digests(session: Session, runs: Sequence[RunInfo]) -> tuple[list[RunDigest]
             columns.append(PerformanceResult.median_ms)
         stmt = select(*columns).join(Workload, model.workload_pk == Workload.id).order_by(model.id)
         for row in session.execute(stmt):
-            run_pk, status = cast(int, row[0]), read_status(cast(str, row[3]))
             median = row[4] if len(row) > 4 else None
-            rows[run_pk].append([suite, row[1], row[2], status, median])
+            run_pk, status = cast(int, row[0]), row_status(cast(str, row[3]), median)
+            figure = None if status is ResultStatus.UNREADABLE else median
+            rows[run_pk].append([suite, row[1], row[2], status, figure])
             total += 1
     stmt_pi = select(
         PIStageResult.run_pk, PIStageResult.subject, PIStageResult.stage, PIStageResult.status

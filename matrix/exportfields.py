@@ -7,24 +7,27 @@ the dashboard) would fail on it, long after the ingest that let it in reported s
 
 Design: ``load_fields`` checks every field of a line against its column: its name, its type (the
 column's type; a JSON column's ``python_type``), its range (integer widths, finite floats, string
-lengths), its nullability and what the column's ``info`` declares beyond its type (``choices``,
-``positive``; see ``matrix.store.models``), and converts ISO datetimes. A mismatch is a
-``TransferError`` naming the line and the field.
+lengths), its nullability and what the column declares beyond its type (``info``'s ``choices``; a
+latency type's ``positive``; see ``matrix.store.models``), and converts ISO datetimes. A mismatch is a
+``TransferError`` naming the line and the field. The numeric checks are those the column types make on
+stored values (``matrix.unreadable``).
 
-Invariant: a row ``load_fields`` accepts is one every reader of the store can read.
+Invariant: a row ``load_fields`` accepts is one every reader of the store can read (no value of it
+reads as ``Unreadable``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 from typing import Any, cast
 
 from sqlalchemy import BigInteger, Boolean, Column, DateTime, Float, Integer, Table
+from sqlalchemy.types import TypeDecorator
 
 from matrix.errors import TransferError
 from matrix.store.models import Base
+from matrix.unreadable import finite_number, is_latency
 
 LINKS = {"id", "run_pk", "cell_pk", "workload_pk"}  # integer links, replaced by named references
 
@@ -56,6 +59,8 @@ def load_fields(data: dict[str, Any], model: type[Base], where: str) -> dict[str
 def _type_problem(column: Column[Any], value: Any) -> str | None:
     """Why ``value`` cannot be stored in ``column`` on every database; None when it can."""
     kind = column.type
+    if isinstance(kind, TypeDecorator) and isinstance(kind.impl_instance, Float):
+        kind = kind.impl_instance  # a Number or a Latency (its domain: ``_domain_problem``)
     if isinstance(kind, DateTime):
         try:
             dt.datetime.fromisoformat(value)
@@ -74,7 +79,7 @@ def _type_problem(column: Column[Any], value: Any) -> str | None:
     if isinstance(kind, Float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"must be a number, not {_short(value)}"
-        return None if _as_float(value) is not None else f"is out of range for a float: {_short(value)}"
+        return None if finite_number(value) is not None else f"is out of range for a float: {_short(value)}"
     expected = kind.python_type
     if expected is str:
         if not isinstance(value, str):
@@ -94,22 +99,12 @@ def _domain_problem(column: Column[Any], value: Any) -> str | None:
     choices = column.info.get("choices")
     if choices is not None and value not in {member.value for member in choices}:
         return f"is {_short(value)}, not one of {sorted(member.value for member in choices)}"
-    if column.info.get("positive"):
+    if getattr(column.type, "positive", False):
         for item in value if isinstance(value, list) else [value]:
-            number = None if isinstance(item, bool) else _as_float(item)
-            if number is None or not number > 0:
+            if not is_latency(item):
                 what = "hold only numbers" if isinstance(value, list) else "be a number"
                 return f"must {what} above zero (latencies), not {_short(item)}"
     return None
-
-
-def _as_float(value: Any) -> float | None:
-    """``value`` as a finite float; None for what is no number or no finite float."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _short(value: Any) -> str:

@@ -6,7 +6,8 @@ its own, two pages can show two different "latest" runs of one cell, or the same
 
 Design: one module owns the three things every reader needs.
 - Identity: ``RunInfo`` is a run with its cell's environment (uid, label, cell key, display name, index
-  anchor, short sha, start and end); the store's status string becomes a ``RunStatus`` here, at the boundary.
+  anchor, short sha, start and end); the store's status string becomes a ``RunStatus`` here, at the boundary
+  (``RunStatus.read``: a status no writer records reads as ``UNREADABLE``, a finished run judged a failure).
   ``load_runs`` reads every run, oldest first. A result's status text becomes a ``ResultStatus`` where
   results are read (matrix.statuses).
 - Logical runs (``group_runs``): the runs of one cell key (a matrix cell id on one GPU) that share a
@@ -178,7 +179,7 @@ def load_runs(session: Session) -> list[RunInfo]:
             cuda_runtime=row.cuda_runtime,
             gpu_name=row.gpu_name,
             started_at=aware(row.started_at),
-            status=RunStatus(row.status),
+            status=RunStatus.read(row.status),
             label=row.label,
             git_sha=row.git_sha,
             host=row.host,

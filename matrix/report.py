@@ -18,7 +18,9 @@ carries the iteration's kernel facts per phase; ``matrix.training_report`` build
 those rows. ``render_text`` and ``render_markdown`` format a ``Report``; the CLI
 commands print or write them.
 
-Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0.
+Invariants: read-only; figures are never combined across runs; a missing mode yields None, not 0; a
+row whose results hold a value that reads as unreadable (``matrix.unreadable``) has the status
+``unreadable`` and a reason naming the value, and no median (so no speedup).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from sqlalchemy.orm import Session
 
 from matrix import readmodel
 from matrix.readmodel import RunInfo
-from matrix.statuses import ResultStatus, read_status
-from matrix.store.models import CorrectnessResult, PerformanceResult, Workload
+from matrix.statuses import ResultStatus, row_status
+from matrix.store.models import CorrectnessResult, PerformanceResult, Workload, checked_values
 from matrix.text import markdown_text, one_line
 from matrix.training import PhaseFacts, is_training, phases_of
+from matrix.unreadable import describe
 from suites.options import MODE_NAMES
 
 REPORT_FORMAT = 1
@@ -192,11 +195,7 @@ def build_report(
     rows: list[ReportRow] = []
     for (cell_id, name, tier), run_pk in sorted(latest.items()):
         modes = found[(run_pk, name, tier)]
-        medians = {
-            mode: r["performance"].median_ms
-            for mode, r in modes.items()
-            if "performance" in r and r["performance"].status == OK
-        }
+        medians = {mode: median for mode, r in modes.items() if (median := _ok_median(r)) is not None}
         peaks = {mode: _calls_peak(r) for mode, r in modes.items()}
         reserved = {mode: _calls_peak(r, "calls_peak_reserved_bytes") for mode, r in modes.items()}
         b2b = {mode: _details_float(r.get("performance"), "b2b_ms_median") for mode, r in modes.items()}
@@ -231,28 +230,32 @@ def _row(
 ) -> ReportRow:
     corr: CorrectnessResult | None = results.get("correctness")
     perf: PerformanceResult | None = results.get("performance")
-    ok = perf is not None and perf.status == OK
-    median = perf.median_ms if ok and perf is not None else None
-    status = corr.status if corr is not None else (perf.status if perf is not None else None)
+    corr_status = row_status(corr.status, *checked_values(corr).values()) if corr is not None else None
+    perf_status = row_status(perf.status, *checked_values(perf).values()) if perf is not None else None
+    median = _ok_median(results)
+    status = corr_status if corr is not None else perf_status
     reason = corr.reason if corr is not None and corr.status != "pass" else (perf.reason if perf else None)
+    unreadable = [describe(checked_values(r)) for r in (corr, perf) if r is not None]
+    if any(unreadable):
+        status, reason = ResultStatus.UNREADABLE, "; ".join(text for text in unreadable if text)
     return ReportRow(
         cell=cell,
         run_uid=uid,
         workload=workload,
         tier=tier,
         mode=mode,
-        status=read_status(status),
-        perf_status=read_status(perf.status) if perf is not None else None,
+        status=status,
+        perf_status=perf_status,
         reason=reason,
         median_ms=median,
-        floor_ms=perf.floor_ms if perf is not None else None,
+        floor_ms=_number(perf.floor_ms) if perf is not None else None,
         speedup_vs_inductor=speedup(medians.get("inductor"), median),
         speedup_vs_pt2cg=speedup(medians.get("pt2cg"), median),
         kernels_in_graphs=perf.kernels_in_graphs if perf is not None else None,
         kernel_launches=perf.kernel_launches if perf is not None else None,
         graph_launches=perf.graph_launches if perf is not None else None,
         copy_bytes_per_replay=perf.copy_bytes_per_replay if perf is not None else None,
-        compile_s=perf.compile_s
+        compile_s=_number(perf.compile_s)
         if perf is not None and perf.compile_s is not None
         else _details_float(corr, "compile_s"),
         calls_peak_mem=peaks.get(mode),
@@ -276,6 +279,19 @@ def _against_reference(
         b2b_vs_raw=_ratio(b2b_ms, raw_b2b_ms),
         host_overhead_us=overhead,
     )
+
+
+def _ok_median(results: dict[str, Any]) -> float | None:
+    """The median of a mode's performance row when it is ``ok`` and every value of it is readable."""
+    perf: PerformanceResult | None = results.get("performance")
+    if perf is None or row_status(perf.status, *checked_values(perf).values()) != OK:
+        return None
+    return _number(perf.median_ms)
+
+
+def _number(value: object) -> float | None:
+    """A stored number as the report shows it (an unreadable one is no figure: its row says why)."""
+    return value if isinstance(value, float) else None
 
 
 def _details_float(result: CorrectnessResult | PerformanceResult | None, key: str) -> float | None:

@@ -10,16 +10,20 @@ performance statuses of the suites (``suites.records``), the PI stage statuses (
 pytest's outcomes (the recorder's test outcomes) and how a run ends (``matrix.store.models.RunStatus``).
 ``read_status`` turns stored text into a member at the read boundary (the regressions' loader, the
 report); text it does not know becomes ``OTHER``, which is never passing and never a skip, so it is
-judged a failure everywhere. Members print as their stored value, so pages and tables show "pass", not
-the member's name. A test keeps the enum equal to the writers' vocabularies.
+judged a failure everywhere. ``row_status`` reads a whole row's status: ``UNREADABLE`` when one of its
+values reads as a ``matrix.unreadable.Unreadable`` marker (a latency of zero, samples that are not
+numbers), judged a failure like ``OTHER``. Members print as their stored value, so pages and tables show
+"pass", not the member's name. A test keeps the enum equal to the writers' vocabularies.
 
 Invariant: ``read_status(s) == s`` for every status a writer of this version records; any other text
-reads as ``OTHER``.
+reads as ``OTHER``; a row holding a marker reads as ``UNREADABLE``, whatever its status text.
 """
 
 from __future__ import annotations
 
 import enum
+
+from matrix.unreadable import Unreadable
 
 
 class StoredText(str, enum.Enum):
@@ -52,6 +56,7 @@ class ResultStatus(StoredText):
     RUNNING = "running"  # a run's end not recorded (yet)
     COMPLETE = "complete"
     OTHER = "other"  # text no writer of this version records: judged a failure
+    UNREADABLE = "unreadable"  # a row holding a value no reader can use (matrix.unreadable): a failure
 
 
 _BY_VALUE = {member.value: member for member in ResultStatus}
@@ -62,3 +67,12 @@ def read_status(text: str | None) -> ResultStatus | None:
     if text is None:
         return None
     return _BY_VALUE.get(text, ResultStatus.OTHER)
+
+
+def row_status(text: str | None, *values: object) -> ResultStatus | None:
+    """The status of a stored result row whose status text is ``text`` and whose other ``values`` are as
+    its column types read them: ``UNREADABLE`` when one is an ``Unreadable`` marker, else
+    ``read_status(text)``."""
+    if any(isinstance(value, Unreadable) for value in values):
+        return ResultStatus.UNREADABLE
+    return read_status(text)

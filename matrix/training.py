@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from matrix.unreadable import Unreadable
+
 TRAINING_TAG = "training"  # suites.workloads.registry.Tag.TRAINING (tests/test_training_report.py checks)
 PHASES = ("forward", "backward", "optimizer")  # suites.training.PHASES without their "train." prefix
 _TRAINING_NAME = re.compile(r"(?P<model>.+?)_train(?:_(?P<variant>[A-Za-z0-9]+))?")
@@ -37,9 +39,10 @@ class PhaseFacts:
     graph_launches: int | None
 
 
-def is_training(tags: Iterable[Any] | None) -> bool:
-    """Whether a workload's stored tags say that one call is a training iteration."""
-    return TRAINING_TAG in (tags or ())
+def is_training(tags: Iterable[Any] | Unreadable | None) -> bool:
+    """Whether a workload's stored tags say that one call is a training iteration (unreadable tags say
+    nothing)."""
+    return not isinstance(tags, Unreadable) and TRAINING_TAG in (tags or ())
 
 
 def inference_twin(name: str) -> str | None:

@@ -36,9 +36,10 @@ from sqlalchemy import Column, Table, select
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
-from matrix.errors import ConfigError, TransferError
+from matrix.errors import ConfigError, StoreError, TransferError
 from matrix.exportfields import LINKS, load_fields
 from matrix.store.access import get_or_create, insert_ignoring_conflict
+from matrix.store.check import CHECK_COMMAND, find_unreadable
 from matrix.store.db import SCHEMA_VERSION, StoreAccess, display_url, open_store
 from matrix.store.models import (
     RESULT_TABLES,
@@ -132,11 +133,21 @@ def selected_runs(session: Session, run_filter: RunFilter = RunFilter()) -> list
 
 
 def iter_export(
-    session: Session, run_filter: RunFilter = RunFilter(), progress: bool = False
+    session: Session, run_filter: RunFilter = RunFilter(), progress: bool = False, source: str | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The export's items (header first) as dicts, reading ``session`` lazily."""
-    yield header()
+    """The export's items (header first) as dicts, reading ``session`` lazily. Selected runs holding a
+    value no reader can use (``matrix.store.check``) are a ``StoreError`` before the first item: ingest
+    would refuse their export whole (``source``: the store's URL for the message, when not --db's)."""
     runs = selected_runs(session, run_filter)
+    unreadable = find_unreadable(session, [run.id for run in runs])
+    if unreadable:
+        command = CHECK_COMMAND + (f" --db {source}" if source else "")
+        raise StoreError(
+            f"{len(unreadable)} row(s) of the runs to copy{f' from {source}' if source else ''} hold values "
+            f"no reader can use, which ingest refuses (first: {unreadable[0].line()}); `{command}` lists "
+            "them: repair them, or export the other runs (--run, --label, --cell)"
+        )
+    yield header()
     for run in tqdm(runs, desc="export", unit="run", disable=not progress, leave=False):
         yield {"type": "run", **_dump(run, Run), "cell": _dump(run.cell, Cell)}
         for table, model in _TABLES.items():
@@ -211,6 +222,7 @@ def _not_finite(text: str) -> float:
     raise _NotFinite(text)  # NaN, Infinity, -Infinity: Python's json reads them, JSON has none
 
 
+BOM = "\ufeff"  # UTF-8's byte-order mark, allowed at the start of an export (and dropped)
 MAX_LINE = 64 << 20  # an export line is tens of kilobytes; past this it is no export (or /dev/zero)
 
 
@@ -227,8 +239,8 @@ def _bounded(lines: Iterable[str] | Iterable[bytes]) -> Iterator[str | bytes]:
 
 def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
     """``enumerate(lines, 1)`` as text; lines may be bytes (a file opened in binary, which gives exact line
-    numbers), decoded here; a line that is not UTF-8 text, or longer than ``MAX_LINE``, is a
-    ``TransferError``."""
+    numbers), decoded here, a byte-order mark at the start dropped; a line that is not UTF-8 text, or
+    longer than ``MAX_LINE``, is a ``TransferError``."""
     iterator = _bounded(lines)
     number = 0
     while True:
@@ -240,6 +252,8 @@ def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[t
                     f"{source}:{number}: a line of more than {MAX_LINE} bytes; not a grace-matrix export"
                 )
             text = line.decode("utf-8") if isinstance(line, bytes) else str(line)
+            if number == 1:
+                text = text.removeprefix(BOM)  # written by some Windows editors and PowerShell
         except StopIteration:
             return
         except UnicodeDecodeError as exc:
@@ -423,7 +437,8 @@ def merge_stores(
             Source = open_store(url, StoreAccess.READ_ONLY)
             try:
                 with Source() as source:
-                    for n, item in enumerate(iter_export(source, progress=progress)):
+                    items = iter_export(source, progress=progress, source=display_url(url))
+                    for n, item in enumerate(items):
                         ingester.add(item, f"{display_url(url)} item {n}")
             finally:
                 bind = Source.kw.get("bind")

@@ -12,7 +12,9 @@ subcommand name. ``main`` is the only place that prints errors.
 Invariants: exit status 0 ok, 1 regression found or user error, 2 usage or configuration error, 3 an
 internal error (a bug: the traceback is printed), so a script never takes a crash for a finding; a
 ``MatrixError``, a database error or an output that cannot be written (standard output on a full disk:
-exit 2; a closed pipe: exit 0) never shows a traceback (``-v`` adds the log, not the trace).
+exit 2; a closed pipe: exit 0) never shows a traceback (``-v`` adds the log, not the trace). A command
+that read a value no reader can use (``matrix.unreadable``: it showed that row as a failure) and succeeded
+ends with one warning line: how many rows of the store hold such values, and the command that lists them.
 """
 
 from __future__ import annotations
@@ -136,10 +138,14 @@ def _dispatch(args: argparse.Namespace, watch: _StdoutWatch) -> int:
 
     from matrix.store.db import default_url, describe_error
     from matrix.text import terminal_text
+    from matrix.unreadable import watch as watch_unreadable
 
     try:
-        code = int(args.handler(args))
+        with watch_unreadable() as met:
+            code = int(args.handler(args))
         sys.stdout.flush()  # a failed write of the output shows here, not as an ignored error at exit
+        if met.count and not getattr(args, "lists_unreadable", False):
+            _warn_unreadable(args.db)
         return code
     except MatrixError as exc:
         print(terminal_text(f"{PROG}: error: {exc}"), file=sys.stderr)
@@ -163,6 +169,30 @@ def _dispatch(args: argparse.Namespace, watch: _StdoutWatch) -> int:
         return 2
     except Exception:
         return _internal_error(args.command)
+
+
+def _warn_unreadable(url: str | None) -> None:
+    """The one line saying that the store holds rows no reader can use (read as failures)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from matrix.store.check import CHECK_COMMAND, count_unreadable
+    from matrix.store.db import display_url
+    from matrix.text import terminal_text
+
+    try:
+        count = count_unreadable(url)
+    except (MatrixError, SQLAlchemyError):  # e.g. a store read through an export (--input): none there
+        return
+    if count:
+        command = CHECK_COMMAND + (f" --db {display_url(url)}" if url else "")
+        print(
+            terminal_text(
+                f"{PROG}: warning: {count} row(s) of the store hold values no reader can use (written by an "
+                f"older grace-matrix or by hand), shown as failures with status unreadable; `{command}` "
+                "lists them"
+            ),
+            file=sys.stderr,
+        )
 
 
 def _drop_stdout(watch: _StdoutWatch) -> None:

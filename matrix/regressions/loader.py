@@ -10,14 +10,16 @@ rows that lack one).
 
 Invariants: read-only; callers own the session and its transaction. Rows are read in the order they
 were recorded (primary key), so when one run holds a key twice the later record wins, whatever order
-the backend would return them in unasked (PostgreSQL and SQLite differ).
+the backend would return them in unasked (PostgreSQL and SQLite differ). A row holding a value that reads
+as ``Unreadable`` (``matrix.unreadable``) is observed ``UNREADABLE``, a failure whose message names the
+value, and gives no latency to compare.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +37,7 @@ from matrix.regressions.observations import (
 )
 from matrix.regressions.pairwise import PerfKey
 from matrix.regressions.status import Expectation
-from matrix.statuses import ResultStatus, read_status
+from matrix.statuses import ResultStatus, row_status
 from matrix.store.models import (
     CorrectnessResult,
     ExpectedStatus,
@@ -45,7 +47,9 @@ from matrix.store.models import (
     RunStatus,
     TestOutcome,
     Workload,
+    checked_columns,
 )
+from matrix.unreadable import Unreadable, describe
 
 _CHUNK = 500  # bound the number of bound parameters of one IN (...)
 
@@ -62,16 +66,25 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
     found: dict[int, list[Observation]] = defaultdict(list)
     for chunk in _chunks(run_pks):
         for model, suite in ((CorrectnessResult, Suite.CORRECTNESS), (PerformanceResult, Suite.PERFORMANCE)):
+            checked = checked_columns(model)
             stmt = (
-                select(model.run_pk, Workload.name, model.mode, model.status, model.nodeid, model.reason)
+                select(
+                    model.run_pk,
+                    Workload.name,
+                    model.mode,
+                    model.status,
+                    model.nodeid,
+                    model.reason,
+                    *checked,
+                )
                 .join(Workload, model.workload_pk == Workload.id)
                 .where(model.run_pk.in_(chunk))
                 .order_by(model.id)
             )
-            for run_pk, name, mode, status, nodeid, reason in session.execute(stmt):
-                found[run_pk].append(
-                    Observation(ResultKey(suite, name, mode), _status(status), nodeid or "", reason or "")
-                )
+            for run_pk, name, mode, status, nodeid, reason, *values in session.execute(stmt):
+                key = ResultKey(suite, name, mode)
+                found[run_pk].append(_observation(key, status, nodeid, reason, checked, values))
+        checked = checked_columns(PIStageResult)
         pi = (
             select(
                 PIStageResult.run_pk,
@@ -80,14 +93,14 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
                 PIStageResult.status,
                 PIStageResult.nodeid,
                 PIStageResult.message,
+                *checked,
             )
             .where(PIStageResult.run_pk.in_(chunk))
             .order_by(PIStageResult.id)
         )
-        for run_pk, subject, stage, status, nodeid, message in session.execute(pi):
-            found[run_pk].append(
-                Observation(ResultKey(Suite.PI, subject, stage), _status(status), nodeid or "", message or "")
-            )
+        for run_pk, subject, stage, status, nodeid, message, *values in session.execute(pi):
+            key = ResultKey(Suite.PI, subject, stage)
+            found[run_pk].append(_observation(key, status, nodeid, message, checked, values))
         _load_test_observations(session, chunk, found)
     return dict(found)
 
@@ -95,6 +108,7 @@ def load_observations(session: Session, run_pks: Collection[int]) -> dict[int, l
 def _load_test_observations(session: Session, chunk: list[int], found: dict[int, list[Observation]]) -> None:
     """The ``tests`` suite (Note: [Every outcome reaches a verdict]): every pytest outcome, and the end
     of every run that finished other than ``complete``."""
+    checked = checked_columns(TestOutcome)
     outcomes = (
         select(
             TestOutcome.run_pk,
@@ -102,28 +116,48 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
             TestOutcome.outcome,
             TestOutcome.nodeid,
             TestOutcome.message,
+            *checked,
         )
         .where(TestOutcome.run_pk.in_(chunk))
         .order_by(TestOutcome.id)
     )
-    for run_pk, record_key, outcome, nodeid, message in session.execute(outcomes):
+    for run_pk, record_key, outcome, nodeid, message, *values in session.execute(outcomes):
         key = ResultKey(Suite.TESTS, record_key, TEST_MODE)
-        found[run_pk].append(Observation(key, _status(outcome), nodeid or record_key, message or ""))
+        found[run_pk].append(_observation(key, outcome, nodeid or record_key, message, checked, values))
     silent = (RunStatus.COMPLETE.value, RunStatus.RUNNING.value)  # no verdict of the run itself
     runs = select(Run.id, Run.status, Run.message).where(Run.id.in_(chunk), Run.status.not_in(silent))
     for run_pk, status, message in session.execute(runs):
         key = ResultKey(Suite.TESTS, RUN_SUBJECT, TEST_MODE)
-        found[run_pk].append(Observation(key, _status(status), "", message or f"the run ended {status}"))
+        ended = RunStatus.read(status)
+        if ended is RunStatus.UNREADABLE:
+            message = f"unreadable stored value: status holds {status!r}, not a run status"
+        found[run_pk].append(Observation(key, _status(ended.value), "", message or f"the run ended {status}"))
 
 
-def _status(text: str | None) -> ResultStatus:
-    """The stored status as the detectors judge it (unknown or missing text: ``OTHER``, a failure)."""
-    return read_status(text) or ResultStatus.OTHER
+def _status(text: str | None, *values: object) -> ResultStatus:
+    """The stored status as the detectors judge it (unknown or missing text: ``OTHER``; a row holding an
+    unreadable value: ``UNREADABLE``; both failures)."""
+    return row_status(text, *values) or ResultStatus.OTHER
+
+
+def _observation(
+    key: ResultKey,
+    status: str | None,
+    nodeid: str | None,
+    message: str | None,
+    checked: Sequence[Any],
+    values: Sequence[object],
+) -> Observation:
+    """A result row as the detectors judge it; ``values`` are those of its ``checked`` columns."""
+    unreadable = describe({column.key: value for column, value in zip(checked, values, strict=True)})
+    return Observation(key, _status(status, *values), nodeid or "", unreadable or message or "")
 
 
 def _median(samples: Any) -> float | None:
-    values = [float(v) for v in samples or ()]
-    return statistics.median(values) if values else None
+    """The median of stored samples; None for none (or an unreadable list: its row is observed failed)."""
+    if isinstance(samples, Unreadable) or not samples:
+        return None
+    return statistics.median(float(v) for v in samples)
 
 
 def load_perf_samples(session: Session, run_pks: Collection[int]) -> dict[int, dict[PerfKey, PerfSample]]:
@@ -146,6 +180,8 @@ def load_perf_samples(session: Session, run_pks: Collection[int]) -> dict[int, d
             .order_by(PerformanceResult.id)
         )
         for run_pk, name, code_hash, mode, samples, median, nodeid in session.execute(stmt):
+            if isinstance(samples, Unreadable) or isinstance(median, Unreadable):
+                continue  # observed UNREADABLE (``load_observations``): nothing to compare
             values = tuple(float(v) for v in samples or ())
             median = median if median is not None else _median(values)
             if median is None:
@@ -183,7 +219,7 @@ def load_perf_medians(
             if median is None:
                 lacking.append(pk)
                 where[pk] = (run_pk, (name, mode))
-            else:
+            elif not isinstance(median, Unreadable):  # an unreadable one is observed UNREADABLE
                 found[run_pk][(name, mode)] = float(median)
     for chunk in _chunks(lacking):
         stmt2 = select(PerformanceResult.id, PerformanceResult.samples_ms).where(
@@ -276,11 +312,11 @@ def load_pi_rows(session: Session, run_pks: Collection[int]) -> list[PIRow]:
                     run_pk,
                     subject,
                     stage,
-                    _status(status),
-                    message or "",
+                    _status(status, details),
+                    describe({"details": details}) or message or "",
                     triton,
                     nodeid or "",
-                    dict(details or {}),
+                    dict(details) if isinstance(details, dict) else {},
                 )
             )
     return rows

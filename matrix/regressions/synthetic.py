@@ -35,6 +35,7 @@ from matrix import readmodel
 from matrix.errors import ConfigError
 from matrix.readmodel import RunInfo
 from matrix.regressions.errors import RegressionsError
+from matrix.store.check import find_unreadable
 from matrix.store.models import (
     Cell,
     CorrectnessResult,
@@ -366,6 +367,15 @@ def _merged_rows(session: Session, model: type[Any], run: RunInfo) -> list[Any]:
     return readmodel.merge_latest(run, per_pk, _merge_key(model, workloads))
 
 
+def _with_samples(session: Session, run: RunInfo, min_samples: int) -> list[PerformanceResult]:
+    """The ``ok`` performance rows of ``run`` with ``min_samples`` samples or more; none when a row of the
+    run holds a value no reader can use (``matrix.store.check``), which a clone would copy."""
+    if find_unreadable(session, run.pks):
+        return []
+    rows = _merged_rows(session, PerformanceResult, run)
+    return [p for p in rows if p.status == "ok" and len(p.samples_ms or ()) >= min_samples]
+
+
 def check_factor(factor: float) -> None:
     """A ``ConfigError`` for a slow-down that would not leave a latency (zero, negative, not finite)."""
     if not (math.isfinite(factor) and factor > 0):
@@ -394,18 +404,13 @@ def seed_demo(
     ]
     found: tuple[RunInfo, PerformanceResult] | None = None
     for info in reversed(candidates):
-        usable = [
-            p
-            for p in _merged_rows(session, PerformanceResult, info)
-            if p.status == "ok" and len(p.samples_ms or ()) >= min_samples
-        ]
-        if usable:
+        if usable := _with_samples(session, info, min_samples):
             found = info, sorted(usable, key=lambda p: p.record_key)[0]
             break
     if found is None:
         raise RegressionsError(
-            f"no complete run with performance samples (>= {min_samples}) to seed a regression into; "
-            "ingest results or seed a synthetic history first"
+            f"no complete run with performance samples (>= {min_samples}) and no unreadable row to seed a "
+            "regression into; ingest results or seed a synthetic history first"
         )
     info, victim = found
     source = session.get_one(Run, info.pk)  # the latest member

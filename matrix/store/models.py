@@ -15,25 +15,44 @@ Invariants:
 - Raw samples are stored, never only their median.
 - Every text and JSON value is cleaned by its column type (``matrix.text.store_text``) on the way in, so
   no database refuses a row for a character the other accepts.
-- A column's ``info`` declares what a value must be beyond its type, for what writes rows from outside
-  (``matrix.transfer`` checks it): ``choices``, the enum whose values it takes (readers convert it);
-  ``positive``, a number (or, for a JSON array, each item) above zero (latencies, which the regression
-  detectors take logarithms of).
+- A column's type and ``info`` declare what a value must be, for what writes rows from outside
+  (``matrix.exportfields`` checks incoming values) and for readers (the types check stored ones): a
+  ``Number`` is finite, a ``Latency`` (or each item of a ``Latencies`` array) is also above zero (the
+  regression detectors take logarithms of latencies), JSON holds finite numbers only; ``info``'s
+  ``choices`` are the enum members it takes (readers convert it, ``RunStatus.read``).
+- Reading never fails on a stored value: one outside its declaration (written by an older version or by
+  hand) reads as a ``matrix.unreadable.Unreadable`` marker, which readers judge a failure; a marker is
+  never written.
 - Schema changes go through Alembic migrations (matrix/migrations); ``SCHEMA_VERSION`` names the head.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from matrix import unreadable
 from matrix.statuses import StoredText
 from matrix.text import store_text, store_value
+from matrix.unreadable import Unreadable
 
 
 def utcnow() -> dt.datetime:
@@ -61,19 +80,63 @@ class CleanText(CleanString):
     cache_ok = True
 
 
-class JSONObject(TypeDecorator[dict[str, Any]]):
+def _refuse_unreadable(value: object) -> None:
+    if isinstance(value, Unreadable):
+        raise ValueError(f"an unreadable stored value is never written back ({value})")
+
+
+class Number(TypeDecorator[float | Unreadable]):
+    """A ``Float`` that reads as a finite number, or as an ``Unreadable`` marker (NaN, infinity, text)."""
+
+    impl = Float
+    cache_ok = True
+    positive = False  # above zero too (a ``Latency``)
+
+    def process_bind_param(self, value: float | Unreadable | None, dialect: Dialect) -> float | None:
+        _refuse_unreadable(value)
+        return cast(float | None, value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> float | Unreadable | None:
+        return unreadable.read_number(value, self.positive)
+
+
+class Latency(Number):
+    """A ``Number`` above zero."""
+
+    cache_ok = True
+    positive = True
+
+
+class JSONObject(TypeDecorator[Any]):
     """A JSON object; every string inside it passes ``store_text``. ``python_type`` is what an export
-    must give for it (``matrix.transfer`` checks)."""
+    must give for it (``matrix.exportfields`` checks). Reads as the decoded value, or as an ``Unreadable``
+    marker for text that is no JSON, JSON of another kind, or JSON with NaN or Infinity."""
 
     impl = JSON
     cache_ok = True
+    positive = False  # an array of latencies (``Latencies``)
 
     @property
     def python_type(self) -> type[Any]:
         return dict
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        _refuse_unreadable(value)
         return store_value(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return unreadable.read_json(value, self.python_type, latencies=self.positive)
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any]:
+        decode = super().result_processor(dialect, coltype)
+
+        def read(value: Any) -> Any:
+            try:
+                return decode(value) if decode is not None else self.process_result_value(value, dialect)
+            except (ValueError, TypeError, RecursionError) as exc:  # no JSON text (or not text at all)
+                return unreadable.undecodable(value, exc)
+
+        return read
 
 
 class JSONList(JSONObject):
@@ -84,6 +147,17 @@ class JSONList(JSONObject):
     @property
     def python_type(self) -> type[Any]:
         return list
+
+
+class Latencies(JSONList):
+    """A JSON array of latencies (each a finite number above zero)."""
+
+    cache_ok = True
+    positive = True
+
+
+CHECKED_TYPES = (Number, JSONObject)
+"""Column types whose stored values may read as ``Unreadable`` (``checked_columns``)."""
 
 
 class Base(DeclarativeBase):
@@ -99,6 +173,21 @@ class RunStatus(StoredText):
     FAILED = "failed"  # the suites could not be run (collection or usage error)
     CRASHED = "crashed"  # the process died; everything recorded before is kept
     INSTALL_FAILED = "install_failed"  # the cell's environment could not be built
+    UNREADABLE = "unreadable"  # read only: a stored status no writer records; judged a failure
+
+    @classmethod
+    def read(cls, text: str | None) -> RunStatus:
+        """The member for stored ``text``; ``UNREADABLE`` (counted, ``matrix.unreadable.watch``) for text
+        this version does not write."""
+        member = _RUN_STATUSES.get(text or "")
+        if member is None:
+            unreadable.note()
+            return cls.UNREADABLE
+        return member
+
+
+WRITTEN_RUN_STATUSES = tuple(s for s in RunStatus if s is not RunStatus.UNREADABLE)
+_RUN_STATUSES = {s.value: s for s in WRITTEN_RUN_STATUSES}
 
 
 class Cell(Base):
@@ -118,7 +207,7 @@ class Cell(Base):
     gpu_capability: Mapped[str | None] = mapped_column(CleanString(16))
     python_version: Mapped[str] = mapped_column(CleanString(32))
     platform: Mapped[str] = mapped_column(CleanString(128))
-    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    extra: Mapped[dict[str, Any] | Unreadable] = mapped_column(JSONObject, default=dict)
 
     runs: Mapped[list[Run]] = relationship(back_populates="cell")
 
@@ -132,7 +221,7 @@ class Run(Base):
     uid: Mapped[str] = mapped_column(CleanString(36), unique=True)
     cell_pk: Mapped[int] = mapped_column(ForeignKey("cells.id"), index=True)
     status: Mapped[str] = mapped_column(
-        CleanString(32), default=RunStatus.RUNNING.value, info={"choices": RunStatus}
+        CleanString(32), default=RunStatus.RUNNING.value, info={"choices": WRITTEN_RUN_STATUSES}
     )
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
@@ -166,7 +255,7 @@ class Workload(Base):
     name: Mapped[str] = mapped_column(CleanString(128), index=True)
     code_hash: Mapped[str] = mapped_column(CleanString(64), default="")
     tier: Mapped[str] = mapped_column(CleanString(16), default="smoke")
-    tags: Mapped[list[Any]] = mapped_column(default=list)
+    tags: Mapped[list[Any] | Unreadable] = mapped_column(JSONList, default=list)
 
 
 class _RunResult:
@@ -186,7 +275,7 @@ class TestOutcome(_RunResult, Base):
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
     outcome: Mapped[str] = mapped_column(CleanString(16))  # passed | failed | skipped | error | crashed
-    duration_s: Mapped[float | None] = mapped_column(Float)
+    duration_s: Mapped[float | Unreadable | None] = mapped_column(Number)
     message: Mapped[str | None] = mapped_column(CleanText)
     worker: Mapped[str | None] = mapped_column(CleanString(32))
 
@@ -201,9 +290,9 @@ class CorrectnessResult(_RunResult, Base):
     mode: Mapped[str] = mapped_column(CleanString(32))
     status: Mapped[str] = mapped_column(CleanString(32))
     reason: Mapped[str | None] = mapped_column(CleanText)
-    errors: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    tolerance: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    errors: Mapped[dict[str, Any] | Unreadable] = mapped_column(JSONObject, default=dict)
+    tolerance: Mapped[dict[str, Any] | Unreadable] = mapped_column(JSONObject, default=dict)
+    details: Mapped[dict[str, Any] | Unreadable] = mapped_column(JSONObject, default=dict)
 
     run: Mapped[Run] = relationship(back_populates="correctness")
     workload: Mapped[Workload] = relationship()
@@ -217,16 +306,16 @@ class PerformanceResult(_RunResult, Base):
     mode: Mapped[str] = mapped_column(CleanString(32))
     status: Mapped[str] = mapped_column(CleanString(32))
     reason: Mapped[str | None] = mapped_column(CleanText)
-    samples_ms: Mapped[list[Any]] = mapped_column(default=list, info={"positive": True})
-    median_ms: Mapped[float | None] = mapped_column(Float, info={"positive": True})
-    floor_ms: Mapped[float | None] = mapped_column(Float)
-    compile_s: Mapped[float | None] = mapped_column(Float)
+    samples_ms: Mapped[list[Any] | Unreadable] = mapped_column(Latencies, default=list)
+    median_ms: Mapped[float | Unreadable | None] = mapped_column(Latency)
+    floor_ms: Mapped[float | Unreadable | None] = mapped_column(Number)
+    compile_s: Mapped[float | Unreadable | None] = mapped_column(Number)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     kernels_in_graphs: Mapped[int | None] = mapped_column(Integer)
     kernel_launches: Mapped[int | None] = mapped_column(Integer)
     graph_launches: Mapped[int | None] = mapped_column(Integer)
     copy_bytes_per_replay: Mapped[int | None] = mapped_column(BigInteger)
-    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    details: Mapped[dict[str, Any] | Unreadable] = mapped_column(JSONObject, default=dict)
 
     run: Mapped[Run] = relationship(back_populates="performance")
     workload: Mapped[Workload] = relationship()
@@ -241,7 +330,7 @@ class PIStageResult(_RunResult, Base):
     status: Mapped[str] = mapped_column(CleanString(16))
     message: Mapped[str] = mapped_column(CleanText, default="")
     triton_version: Mapped[str | None] = mapped_column(CleanString(64))
-    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    details: Mapped[dict[str, Any] | Unreadable] = mapped_column(JSONObject, default=dict)
 
     run: Mapped[Run] = relationship(back_populates="pi_stages")
 
@@ -281,3 +370,13 @@ class ExpectedStatus(Base):
 
 
 RESULT_TABLES = (TestOutcome, CorrectnessResult, PerformanceResult, PIStageResult, Diagnostic)
+
+
+def checked_columns(model: type[Base]) -> tuple[Column[Any], ...]:
+    """The columns of ``model`` whose stored values may read as ``Unreadable`` (``CHECKED_TYPES``)."""
+    return tuple(c for c in cast(Table, model.__table__).columns if isinstance(c.type, CHECKED_TYPES))
+
+
+def checked_values(row: Base) -> dict[str, object]:
+    """The values of ``row``'s ``checked_columns``, by column name, as read."""
+    return {c.key: getattr(row, c.key) for c in checked_columns(type(row))}

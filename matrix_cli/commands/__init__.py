@@ -24,4 +24,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "compatibility",
     "ci_plan",
     "nightly",
+    "check_store",
 )

@@ -3,8 +3,10 @@
 Reads ``PIStageResult`` rows (recorded by the PI stage suite and by PI inside the grace backend) of the
 newest run of each cell key that recorded any (``matrix.readmodel.select_runs``), or of the runs named.
 ``--json`` prints every row with its cell and run; the table shows, per cell and stage, how many subjects
-passed, failed and were skipped, and the first failure. Exit status 1 when any selected stage result failed
-(PI breakage), 0 otherwise.
+passed, failed and were skipped, and the first failure. A stage result that neither passed nor was skipped
+counts as failed: a status no writer records, or a row holding a value no reader can use (its status reads
+``unreadable``, ``matrix.statuses.row_status``). Exit status 1 when any selected stage result failed (PI
+breakage), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix import readmodel
+from matrix.statuses import ResultStatus, row_status
 from matrix.store.db import StoreAccess, open_store
 from matrix.store.models import PIStageResult
+from matrix.unreadable import describe
 
 STAGE_ORDER = ("locate", "rewrite", "assemble", "load", "patch", "numeric", "vendor_match", "vendor_update")
 FORMAT_VERSION = 1
@@ -39,6 +43,10 @@ class StageRow:
     message: str
     nodeid: str
     details: dict[str, Any]
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in (ResultStatus.PASS, ResultStatus.SKIP)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,8 +89,6 @@ def load_rows(
     query = select(PIStageResult).where(PIStageResult.run_pk.in_(sorted(chosen)))
     if stages:
         query = query.where(PIStageResult.stage.in_(stages))
-    if failed_only:
-        query = query.where(PIStageResult.status == "fail")
     rows = [
         StageRow(
             cell=chosen[result.run_pk].cell_id,
@@ -91,13 +97,15 @@ def load_rows(
             triton=result.triton_version or chosen[result.run_pk].triton_version,
             subject=result.subject,
             stage=result.stage,
-            status=result.status,
-            message=result.message,
+            status=str(row_status(result.status, result.details) or result.status),
+            message=describe({"details": result.details}) or result.message,
             nodeid=result.nodeid,
-            details=dict(result.details or {}),
+            details=dict(result.details) if isinstance(result.details, dict) else {},
         )
         for result in session.scalars(query.order_by(PIStageResult.id))
     ]
+    if failed_only:
+        rows = [row for row in rows if row.failed]
     rank = {s: i for i, s in enumerate(STAGE_ORDER)}
     return sorted(rows, key=lambda r: (r.cell, r.subject, rank.get(r.stage, len(rank))))
 
@@ -110,7 +118,7 @@ def summarize(rows: list[StageRow]) -> list[dict[str, Any]]:
     rank = {s: i for i, s in enumerate(STAGE_ORDER)}
     out = []
     for (cell, stage), members in sorted(groups.items(), key=lambda kv: (kv[0][0], rank.get(kv[0][1], 99))):
-        failed = [m for m in members if m.status == "fail"]
+        failed = [m for m in members if m.failed]
         out.append(
             {
                 "cell": cell,
@@ -132,7 +140,7 @@ def handle(args: argparse.Namespace) -> int:
     Session = open_store(args.db, StoreAccess.EXISTING)
     with Session.begin() as session:
         rows = load_rows(session, args.run, args.cell, args.stage, args.failed)
-    broken = any(r.status == "fail" for r in rows)
+    broken = any(r.failed for r in rows)
     if args.json:
         print_json(
             {"format": FORMAT_VERSION, "results": [r.to_dict() for r in rows], "summary": summarize(rows)}
