@@ -171,6 +171,8 @@ class GraceRunner:
     def __call__(self, *args: Any) -> Any:
         steady = self._steady
         if steady is not None:  # Note: [The steady call] in grace.steady
+            if pools.anything_pending():
+                pools.release_unheld()
             with self.lock:
                 out = steady(self._recent, args)
                 if out is not MISS:

@@ -14,7 +14,8 @@ After a call through the runner's recent slot (grace.recent) replayed a graph, t
 ``clone_outputs``, no input the graph writes, outputs autograd does not keep, a PI or copies variant.
 Each later call asks it first, under the runner's lock. It answers ``MISS`` before doing anything
 unless the general path would do exactly a plain replay with nothing else:
-- no pool waits for release and no hand-back is due (grace.pools); one calling thread so far, this one;
+- one calling thread so far, this one (the runner first releases the pools whose outputs died, as the
+  general path does first: a pool whose outputs are still held does not turn every call into a miss);
 - the recent slot is still the runner's, and the call has its signature (the same C++ check);
 - the slot is in state GRAPH with the same graph and variant, and no verification is due;
 - the static inputs sit where they were at capture;
@@ -26,7 +27,8 @@ stream order already checked; a replay that raises takes the slot's failure path
 no longer matches its slot is dropped by the runner at its next miss, and with the runner's slots
 (reset, release, eviction).
 
-Invariants: a miss has no effect; a hit has exactly the effects of the general path's plain replay;
+Invariants: a miss has no effect beyond the general path's first step; a hit has exactly the effects of
+the general path's plain replay;
 nothing here decides anything the general path would decide otherwise.
 """
 
@@ -36,7 +38,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grace import pools, streams
+from grace import streams
 from grace.compat import torch as torch_compat
 from grace.graph import CapturedGraph
 from grace.recent import RecentSlot
@@ -86,7 +88,6 @@ class SteadyCall:
         if (
             ident != self.thread
             or runner_recent is not self.recent
-            or pools.anything_pending()
             or streams.calling_threads.first != ident
             or streams.calling_threads.several
             or slot.graph is not graph

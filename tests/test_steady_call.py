@@ -110,7 +110,6 @@ CHANGES: dict[str, Callable[[_Setup], None]] = {
         setattr(s.runner._recent.slot, "verify_calls", 1),
         s.call(torch.ones(4)),
     ),
-    "a pool waiting for release": lambda s: (setattr(pools, "_hand_back_due", True), s.call(torch.ones(4))),
     "outputs shared across threads": lambda s: (
         setattr(s.runner._recent.slot.graph.family, "threads_shared", True),
         s.call(torch.ones(4)),
@@ -124,11 +123,25 @@ def test_any_change_takes_the_general_path_and_the_eager_value(
 ) -> None:
     setup = _Setup(monkeypatch)
     setup.steady()
-    monkeypatch.setattr(pools, "_hand_back_due", pools._hand_back_due)  # restored after the test
     CHANGES[change](setup)
     assert setup.general >= 1, change
     for step in range(3):  # and every later call is right, whichever path it takes
         setup.call(torch.full((4,), 20.0 + step))
+
+
+def test_a_pool_waiting_for_its_outputs_is_released_by_a_steady_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A released pool whose output is still held waits (grace.pools); steady calls go on meanwhile,
+    and the first one after the output died releases it, as the general path would."""
+    setup = _Setup(monkeypatch)
+    setup.steady()
+    held = torch.zeros(3)
+    released: list[bool] = []
+    pools.release_when_unheld([torch_compat.storage_weak_ref(held)], lambda: released.append(True))
+    setup.call(torch.full((4,), 1.0))
+    assert not released and setup.general == 0
+    del held
+    setup.call(torch.full((4,), 2.0))
+    assert released == [True] and setup.general == 0
 
 
 def test_reset_drops_the_steady_call_and_a_new_graph_gets_one(monkeypatch: pytest.MonkeyPatch) -> None:
