@@ -57,6 +57,7 @@ from typing import Any
 
 from grace.compat import allocator
 from grace.compat.allocator import PoolLayout, Span
+from grace.reasons import SkipCode, SkipReason
 
 _lock = threading.Lock()  # members and seats of every group
 _registry_lock = threading.Lock()  # the step groups
@@ -258,12 +259,15 @@ def _still_needed(other: _Seat, kin: object, generation: int, args: Sequence[Any
     return bool(other.graph.outputs_read_by(args, range(len(args))))  # an earlier call's, read now
 
 
-def for_capture(group: PoolGroup | None) -> PoolGroup | None:
-    """The group a capture may go into: ``group``, or None (a pool of its own) while an output a member
-    lent lies in memory the allocator counts as free and is still held (Note: [Outputs a shared pool
-    lends] in grace.outputs): the capture could take that memory."""
+def for_capture(group: PoolGroup | None, record: Any) -> PoolGroup | None:
+    """The group a capture may go into: ``group``, or None (a pool of its own, the reason added to the
+    slot's stats ``record``) while an output a member lent lies in memory the allocator counts as free
+    and is still held (Note: [Outputs a shared pool lends] in grace.outputs): the capture could take
+    that memory."""
     if group is None or not any(member.family.unbacked_held() for member in group.members):
         return group
+    why = "an output lent from the shared pool was still held where the capture could have taken it"
+    record.add_skip(SkipReason(SkipCode.POOL_OF_ITS_OWN, why))
     return None
 
 

@@ -51,6 +51,7 @@ class SkipCode(str, enum.Enum):
     TOO_MANY_RECAPTURES = "too_many_recaptures"
     REBIND_DECLINED = "rebind_declined"  # the graph could not follow moved static inputs: re-captured
     OUTPUTS_HELD = "outputs_held"  # a replay within one compiled call would overwrite held outputs
+    POOL_OF_ITS_OWN = "pool_of_its_own"  # a capture kept out of a shared pool a lent output still needs
     # grace's own failures (Note: [The backend never raises for its own failures] in grace.backend)
     BACKEND_FAILED = "backend_failed"  # grace's code raised while compiling: that part was left out
     RUNNER_FAILED = "runner_failed"  # grace's code raised during a call: the safe path from then on

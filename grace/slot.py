@@ -252,21 +252,21 @@ class GraphSlot:
             ptrs[i] = args[i].data_ptr()
         self.verify_ptrs = ptrs
 
-    def _inputs_moved(self, args: Sequence[Any]) -> bool:
+    def inputs_moved(self, args: Sequence[Any]) -> bool:
         ptrs = self.verify_ptrs
         if ptrs is None or len(ptrs) != len(args):
             return ptrs is not None
         return not torch_compat.data_ptrs_equal(args, ptrs, self.runner.plan.dynamic_indices)
 
     def _verification_due(self, args: Sequence[Any]) -> str:
-        if self._inputs_moved(args):
+        if self.inputs_moved(args):
             return "first call with inputs at new addresses"
         if self.verify_calls:
             return "first replays after the decision"
         return ""
 
     def _run_verified(self, args: Sequence[Any], graph: CapturedGraph, spec: VariantSpec, when: str) -> Any:
-        if self._inputs_moved(args):
+        if self.inputs_moved(args):
             self.verify_ptrs = None  # the move check is done for this graph
         self.verify_calls = max(0, self.verify_calls - 1)
         variant = self.record.variant
@@ -428,7 +428,7 @@ class GraphSlot:
         """A deciding call; its captures go into ``pool_group``'s pool, or the step's (``step_pool``)."""
         runner = self.runner
         with runner.lock:
-            group = poolgroups.for_capture(pool_group or runner.plan.step_pool(runner.options))
+            group = poolgroups.for_capture(pool_group or runner.plan.step_pool(runner.options), self.record)
             out = self.apply(deciding.decide(self.facts(group), args), args)
             if group is not None:  # Note: [Outputs a shared pool lends] in grace.outputs
                 poolgroups.lend_outputs(self.graph)

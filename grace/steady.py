@@ -17,7 +17,8 @@ unless the general path would do exactly a plain replay with nothing else:
 - one calling thread so far, this one (the runner first releases the pools whose outputs died, as the
   general path does first: a pool whose outputs are still held does not turn every call into a miss);
 - the recent slot is still the runner's, and the call has its signature (the same C++ check);
-- the slot is in state GRAPH with the same graph and variant, and no verification is due;
+- the slot is in state GRAPH with the same graph and variant, and no verification is due (no replay
+  left to compare, the dynamic inputs where the decision saw them or that check already made);
 - the static inputs sit where they were at capture;
 - the graph's outputs: never shared across threads, no rebound graph writing them, in no pool group,
   last replayed by this thread in an earlier compiled call (Note: [Outputs held within one call] in
@@ -94,13 +95,13 @@ class SteadyCall:
             or slot.spec is not self.spec
             or slot.state is not SlotState.GRAPH
             or slot.verify_calls
-            or slot.verify_ptrs is not None
             or family.threads_shared
             or family.sharers
             or graph.pool_group is not None
             or family.last_thread != ident
             or not self.recent.matches(args)
             or (graph.static_indices and not graph.static_inputs_unmoved(args))
+            or (slot.verify_ptrs is not None and slot.inputs_moved(args))
             or streams.current_stream_key(graph.device) != family.last_stream_key
         ):
             return MISS

@@ -23,6 +23,7 @@ from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
 from grace.outputs import OutputFamily
 from grace.runner import GraceRunner, RunnerPlan
+from grace.scg import Variant
 
 CPU = torch.device("cpu")
 
@@ -34,6 +35,10 @@ def _fresh() -> Iterator[None]:
     yield
     stats.forget_all()
     poolgroups.forget_step_groups()
+
+
+def _record() -> stats.GraphStats:
+    return stats.new_record(0, "h", "*", "cpu", Variant.NO_GRAPH)
 
 
 def _use(t: torch.Tensor) -> int:
@@ -157,7 +162,7 @@ def test_a_step_pool_lends_outputs_and_captures_elsewhere_while_a_lent_one_is_he
     out, saved = forward(x)
     first = forward.slots[next(iter(forward.slots))].graph
     assert first is not None and first.family.owners  # lent
-    assert poolgroups.for_capture(group) is group  # what was handed out still owns the memory
+    assert poolgroups.for_capture(group, _record()) is group  # what was handed out still owns the memory
     grad = backward(saved)[0]
     torch.testing.assert_close((out, saved, grad), (x * 2, x + 1, (x + 1) * 2))
     assert [g is group for _, g in captures] == [True, True]
@@ -167,14 +172,17 @@ def test_a_step_pool_lends_outputs_and_captures_elsewhere_while_a_lent_one_is_he
     x = torch.full((2, 3), 3.0)
     out, saved = forward(x)  # a replay of the lent set
     torch.testing.assert_close((out, saved), (x * 2, x + 1))
-    assert first.family.unbacked_held() and poolgroups.for_capture(group) is None
+    assert first.family.unbacked_held() and poolgroups.for_capture(group, _record()) is None
     out2, saved2 = forward(x + 1)  # the next layer: the first set's saved tensor is held
     torch.testing.assert_close((out2, saved2), ((x + 1) * 2, x + 2))
-    assert [g is group for _, g in captures] == [True, True, False]  # a pool of its own
+    assert [g is group for _, g in captures] == [True, True, False]  # a pool of its own, and why
+    assert "pool_of_its_own" in [
+        r.code.value for r in forward.slots[next(iter(forward.slots))].record.skip_reasons
+    ]
     grads = [backward(saved2)[0], backward(saved)[0]]
     torch.testing.assert_close(grads, [(x + 2) * 2, (x + 1) * 2])
     del out, saved, out2, saved2, grads
-    assert poolgroups.for_capture(group) is group
+    assert poolgroups.for_capture(group, _record()) is group
 
 
 def test_a_replay_spares_a_lent_output_of_an_earlier_member_its_capture_took() -> None:

@@ -144,6 +144,24 @@ def test_a_pool_waiting_for_its_outputs_is_released_by_a_steady_call(monkeypatch
     assert released == [True] and setup.general == 0
 
 
+def test_a_decision_with_addresses_to_check_replays_steadily_until_they_move(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first call with the dynamic inputs elsewhere is compared with the no-graph callable (the
+    general path); calls with them where the decision saw them are plain replays."""
+    setup = _Setup(monkeypatch)
+    x = torch.full((4,), 1.0)
+    for _ in range(4):
+        setup.call(x)
+    slot = setup.runner._recent.slot
+    slot.verify_ptrs = [x.data_ptr(), None]
+    setup.general = 0
+    setup.call(x)
+    assert setup.general == 0
+    setup.call(torch.full((4,), 2.0))  # elsewhere
+    assert setup.general == 1
+
+
 def test_reset_drops_the_steady_call_and_a_new_graph_gets_one(monkeypatch: pytest.MonkeyPatch) -> None:
     setup = _Setup(monkeypatch)
     setup.steady()

@@ -204,7 +204,10 @@ def test_two_forwards_before_one_backward(
     if share_pool:
         torch.cuda.empty_cache()  # released candidates' pools go; the kept graphs' stay
         new_pools = _private_pools() - pools_before
-        assert len(new_pools) <= (1 if share_pool == "step" else 2), new_pools
+        # A capture made while an output lent from the shared pool is held gets a pool of its own, with
+        # its reason (Note: [Outputs a shared pool lends] in grace.outputs).
+        elsewhere = sum(s["code"] == "pool_of_its_own" for r in stats.snapshot() for s in r["skip_reasons"])
+        assert len(new_pools) <= (1 if share_pool == "step" else 2) + elsewhere, (new_pools, _why(graphs))
 
 
 def _ids(graphs: list[Any], role: str) -> set[int]:

@@ -85,7 +85,7 @@ def steady_steps(
         "static_unmoved": lambda: graph.static_inputs_unmoved(args),
         "call_generation": torch_compat.compiled_call_generation,
         "held_outputs": lambda: graph.held_outputs(generation, args),
-        "inputs_moved": lambda: slot._inputs_moved(args),
+        "inputs_moved": lambda: slot.inputs_moved(args),
         "order_streams": graph.order_streams,
         "stream_key": lambda: streams.current_stream_key(device),
         "pi_update": lambda: plan.update(args),

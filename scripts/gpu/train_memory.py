@@ -9,7 +9,8 @@ optimizer step), and after the last call the allocated and reserved bytes of eve
 ``grace:key=value,...`` (GraceOptions overrides, values read as ``--grace-option`` reads them:
 ``grace:max_output_sets=16``).
 
-Run from the repository root: ``python scripts/gpu/train_memory.py --out DIR --workloads A,B --modes M,N``.
+Run from the repository root: ``python scripts/gpu/train_memory.py --out DIR --workloads A,B --modes "M;N"``
+(modes apart by semicolons: a mode's options are apart by commas).
 Writes ``train_memory.json`` under ``--out`` after every mode.
 """
 
