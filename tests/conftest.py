@@ -28,6 +28,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
+def fresh_pool_groups() -> Iterator[None]:
+    """grace.stats and the step pools' groups emptied before and after the test (CPU pool-group tests)."""
+    from grace import poolgroups, stats
+
+    stats.forget_all()
+    poolgroups.forget_step_groups()
+    yield
+    stats.forget_all()
+    poolgroups.forget_step_groups()
+
+
+@pytest.fixture
 def fresh_grace() -> Iterator[None]:
     """Dynamo's caches, grace's graphs and grace.stats emptied before and after the test."""
     import torch

@@ -6,7 +6,7 @@ it, as a pool's blocks outlive the tensors the allocator handed out."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import fakes
@@ -28,13 +28,7 @@ from grace.scg import Variant
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
-    stats.forget_all()
-    poolgroups.forget_step_groups()
-    yield
-    stats.forget_all()
-    poolgroups.forget_step_groups()
+pytestmark = pytest.mark.usefixtures("fresh_pool_groups")
 
 
 def _record() -> stats.GraphStats:

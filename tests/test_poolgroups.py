@@ -4,7 +4,7 @@ CPU only: captures are fakes whose footprints the tests state; the layout comes 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import fakes
@@ -13,7 +13,7 @@ import torch
 
 import grace.runplan
 import grace.slot
-from grace import poolgroups, stats
+from grace import poolgroups
 from grace.compat import allocator
 from grace.compat.allocator import PoolLayout
 from grace.compat.aot import GraphRole
@@ -23,13 +23,7 @@ from grace.runner import GraceRunner, RunnerPlan
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
-    stats.forget_all()
-    poolgroups.forget_step_groups()
-    yield
-    stats.forget_all()
-    poolgroups.forget_step_groups()
+pytestmark = pytest.mark.usefixtures("fresh_pool_groups")
 
 
 # --- footprints -----------------------------------------------------------------------------------
