@@ -244,3 +244,26 @@ def use_decide(monkeypatch: pytest.MonkeyPatch, decide: Callable[[SlotFacts, Seq
 
 def use_rebind(monkeypatch: pytest.MonkeyPatch, rebind: Callable[..., Rebound]) -> None:
     monkeypatch.setattr(grace.decide, "rebind_graph", rebind)
+
+
+def step_runners(
+    monkeypatch: pytest.MonkeyPatch, capture: Callable[[SlotFacts, Sequence[Any]], Any], generation: list[int]
+) -> tuple[Any, Any]:
+    """A training step's forward (returns ``x * 2`` to the caller and saves ``x + 1``) and backward (two
+    gradients, ``g * 2`` and ``g + 1``) runners with option ``step_pool``, over ``capture``'s fake
+    graphs, in compiled call ``generation[0]``."""
+    from grace.compat.aot import GraphRole
+    from grace.options import GraceOptions
+    from grace.runner import GraceRunner, RunnerPlan
+
+    cpu_warmup(monkeypatch)
+    use_decide(monkeypatch, decides_graph(capture))
+    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
+    options = GraceOptions(step_pool=True)
+
+    def runner(role: GraphRole, kept_from: int) -> GraceRunner:
+        indices: dict[str, Any] = {"static_indices": (), "dynamic_indices": (0,), "scalar_indices": ()}
+        plan = RunnerPlan("h", CPU, **indices, role=role, kept_from=kept_from)
+        return GraceRunner(lambda x: [x * 2, x + 1], plan, options, None)
+
+    return runner(GraphRole.FORWARD, 1), runner(GraphRole.BACKWARD, 0)

@@ -20,9 +20,8 @@ from grace import poolgroups, stats
 from grace.compat import allocator
 from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
-from grace.options import GraceOptions
 from grace.outputs import OutputFamily
-from grace.runner import GraceRunner, RunnerPlan
+from grace.runner import GraceRunner
 from grace.scg import Variant
 
 CPU = torch.device("cpu")
@@ -127,17 +126,8 @@ def _step(
             graph.join_pool_group(facts.pool_group, facts.record, graph.output_spans())
         return graph
 
-    fakes.cpu_warmup(monkeypatch)
-    fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
-    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
-    options = GraceOptions(step_pool=True)
-
-    def runner(role: GraphRole, kept_from: int) -> GraceRunner:
-        indices: dict[str, Any] = {"static_indices": (), "dynamic_indices": (0,), "scalar_indices": ()}
-        plan = RunnerPlan("h", CPU, **indices, role=role, kept_from=kept_from)
-        return GraceRunner(lambda x: [x * 2, x + 1], plan, options, None)
-
-    return runner(GraphRole.FORWARD, 1), runner(GraphRole.BACKWARD, 0), captures, group
+    forward, backward = fakes.step_runners(monkeypatch, capture, generation)
+    return forward, backward, captures, group
 
 
 def test_a_step_pool_lends_outputs_and_captures_elsewhere_while_a_lent_one_is_held(

@@ -17,8 +17,7 @@ from grace import poolgroups
 from grace.compat import allocator
 from grace.compat.allocator import PoolLayout
 from grace.compat.aot import GraphRole
-from grace.options import GraceOptions
-from grace.runner import GraceRunner, RunnerPlan
+from grace.runner import GraceRunner
 
 CPU = torch.device("cpu")
 
@@ -299,24 +298,8 @@ def _step_runners(
         graph.join_pool_group(facts.pool_group, facts.record, footprint)
         return graph
 
-    fakes.cpu_warmup(monkeypatch)
-    fakes.use_decide(monkeypatch, fakes.decides_graph(capture))
-    monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
-    options = GraceOptions(step_pool=True)
-
-    def runner(role: GraphRole, kept_from: int) -> GraceRunner:
-        plan = RunnerPlan(
-            "h",
-            CPU,
-            static_indices=(),
-            dynamic_indices=(0,),
-            scalar_indices=(),
-            role=role,
-            kept_from=kept_from,
-        )
-        return GraceRunner(lambda x: [x * 2, x + 1], plan, options, None)
-
-    return runner(GraphRole.FORWARD, 1), runner(GraphRole.BACKWARD, 0), captures
+    forward, backward = fakes.step_runners(monkeypatch, capture, generation)
+    return forward, backward, captures
 
 
 @pytest.mark.parametrize("footprints_known", [False, True])
