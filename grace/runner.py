@@ -8,10 +8,12 @@ a new shape, not an input at a new address, not a parameter that moved, not a fa
 
 Design: ``GraceRunner`` keys ``GraphSlot`` objects (grace.slot) by signature in an LRU ``OrderedDict``.
 Building the signature costs Python work per input on every call; a call that matches the last call's
-slot under a C++ tensor check (Dynamo's ``TensorGuards``, stricter than the signature) skips it. Each
+slot under a C++ tensor check (Dynamo's ``TensorGuards``, stricter than the signature) skips it, and a
+call that would only replay that slot's graph is answered by its steady call first (Note: [The steady
+call] in grace.steady), which checks the same conditions in one frame. Each
 slot is a state machine (Note: [Slot states]); its deciding call (grace.decide) returns a frozen
-decision the slot applies. Safety net (grace.verify): the deciding call's returned replay, the first
-steady call and the first call whose dynamic inputs sit at new addresses are compared with the no-graph
+decision the slot applies. Safety net (grace.verify): the deciding call's returned replay, the call
+after it and the first call whose dynamic inputs sit at new addresses are compared with the no-graph
 callable once per graph; a mismatch returns the no-graph output and falls back with
 ``numeric_mismatch``. Static inputs that move: the slot keeps its graph aside and makes one for the new
 addresses, rebound from a copy of the captured graph (grace.rebind: same variant, same pool and
