@@ -64,7 +64,7 @@ handed out from them; when they die the allocator counts their blocks as free, a
 the pool may take them. Replays hand out aliases of the unowned tensors, which the allocator does not
 count. That is safe because nothing but a capture into the pool allocates from it: a capture into the
 pool is allowed only while no output of any member lies in such a free block and is still held
-(``OutputFamily.unbacked_held``, checked by ``PoolGroup.capture_safe``); else that capture gets a pool
+(``OutputFamily.unbacked_held``, checked by ``poolgroups.for_capture``); else that capture gets a pool
 of its own. Replays stay ordered by footprints (Note: [What a replay can overwrite] in
 grace.poolgroups), which now also meet outputs of members captured earlier. The held checks count both
 storages of a lent output: the unowned one beyond the graph's own tensors and the one it had owned.
@@ -242,17 +242,17 @@ class OutputFamily:
         outputs: list[Any],
         aliases: Sequence[OutputAlias],
         device: torch.device,
-        positions: frozenset[int] | None,
+        positions: frozenset[int],
     ) -> bool:
         """Note: [Outputs a shared pool lends]: replace the graph's own output tensors at ``positions``
-        (those in its pool; None: every output on the device but views of inputs) in ``outputs`` (in
-        place: the list is the family's) by unowned ones over the same memory; True when it did.
+        (those in its pool) in ``outputs`` (in place: the list is the family's) by unowned ones over the
+        same memory; True when it did.
         Outputs already shared across threads with counts that could not be matched stay owned."""
         before = _pool_outputs(outputs, aliases, device)
         if self.owners or len(before) != len(self.refs):
             return False
         found = _pool_outputs_all(outputs, aliases, device)
-        chosen = [p for p in found if positions is None or p in positions]
+        chosen = [p for p in found if p in positions]
         for position, fresh in zip(chosen, allocator.unowned_like([found[p] for p in chosen]), strict=True):
             outputs[position] = fresh
         lent_keys = {_storage_ptr(outputs[p]) for p in chosen}
@@ -288,10 +288,11 @@ class OutputFamily:
         """The held checks over every storage of ``refs`` and over the kept ones, built once per ``refs``."""
         checks = self._held_checks
         if checks is None:
-            lent = [(owner, 0) for owner in self.owners]  # a handed-out tensor of the owned storage
+            # A lent output is held too while a tensor of the storage it was handed out from lives.
+            lent = [(owner, 0) for owner in self.owners if owner is not None]
             kept = [pair for pair, keeps in zip(self.refs, self.kept, strict=False) if keeps]
-            kept += [p for p, keeps in zip(lent, self.kept, strict=False) if keeps and p[0] is not None]
-            lent = [pair for pair in lent if pair[0] is not None]
+            kept_lent = zip(self.owners, self.kept, strict=False)
+            kept += [(owner, 0) for owner, keeps in kept_lent if keeps and owner is not None]
             checks = self._held_checks = (
                 torch_compat.StoragesHeld([*self.refs, *lent]),
                 torch_compat.StoragesHeld(kept),

@@ -90,11 +90,6 @@ def hand_back_before_capture() -> None:
         torch_compat.hand_back_cached_segments()
 
 
-def anything_pending() -> bool:
-    """Whether ``release_unheld`` has anything to do (Note: [The steady call] in grace.steady)."""
-    return bool(_waiting) or _hand_back_due
-
-
 def release_unheld() -> int:
     """Release every waiting pool whose outputs are no longer held, then hand the segments of every
     pool released since the last time back to the device, once; returns how many pools it released."""

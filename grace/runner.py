@@ -91,7 +91,7 @@ from grace.recent import RecentSlot
 from grace.runplan import Environment, PIPrepare, RunnerPlan
 from grace.scg import DecisionKey, Variant
 from grace.slot import GraphSlot, SlotState
-from grace.steady import MISS, SteadyCall
+from grace.steady import MISS, STALE, SteadyCall
 
 logger = logging.getLogger(__name__)
 
@@ -171,17 +171,15 @@ class GraceRunner:
         return tuple(parts)
 
     def __call__(self, *args: Any) -> Any:
+        pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
         steady = self._steady
         if steady is not None:  # Note: [The steady call] in grace.steady
-            if pools.anything_pending():
-                pools.release_unheld()
             with self.lock:
                 out = steady(self._recent, args)
-                if out is not MISS:
-                    return out
-                if steady.stale():
+                if out is STALE:
                     self._steady = None
-        pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
+                elif out is not MISS:
+                    return out
         if self._notes_thread:
             calling_threads.note()  # Note: [Outputs and threads] in grace.outputs
         if self._context_device is not None:

@@ -14,8 +14,8 @@ After a call through the runner's recent slot (grace.recent) replayed a graph, t
 ``clone_outputs``, no input the graph writes, outputs autograd does not keep, a PI or copies variant.
 Each later call asks it first, under the runner's lock. It answers ``MISS`` before doing anything
 unless the general path would do exactly a plain replay with nothing else:
-- one calling thread so far, this one (the runner first releases the pools whose outputs died, as the
-  general path does first: a pool whose outputs are still held does not turn every call into a miss);
+- one calling thread so far, this one (the runner releases the pools whose outputs died before it
+  asks, as the general path does first, so a pool whose outputs are still held causes no miss);
 - the recent slot is still the runner's, and the call has its signature (the same C++ check);
 - the slot is in state GRAPH with the same graph and variant, and no verification is due (no replay
   left to compare, the dynamic inputs where the decision saw them or that check already made);
@@ -24,12 +24,11 @@ unless the general path would do exactly a plain replay with nothing else:
   last replayed by this thread in an earlier compiled call (Note: [Outputs held within one call] in
   grace.outputs), on the stream the call runs on now (Note: [Stream order] in grace.streams).
 On a hit it counts the call, notes the replay as the slot would, and runs the variant's replay with the
-stream order already checked; a replay that raises takes the slot's failure path. A ``SteadyCall`` that
-no longer matches its slot is dropped by the runner at its next miss, and with the runner's slots
-(reset, release, eviction).
+stream order already checked; a replay that raises takes the slot's failure path. A ``SteadyCall`` whose
+slot has moved on from its graph or variant answers ``STALE`` (a miss the runner drops it for); the
+runner also drops it with its slots (reset, release, eviction).
 
-Invariants: a miss has no effect beyond the general path's first step; a hit has exactly the effects of
-the general path's plain replay;
+Invariants: a miss has no effect; a hit has exactly the effects of the general path's plain replay;
 nothing here decides anything the general path would decide otherwise.
 """
 
@@ -47,6 +46,7 @@ from grace.slot import GraphSlot, SlotState
 from grace.variants import CopiesSpec, PISpec
 
 MISS = object()  # the answer of a SteadyCall whose conditions do not hold: take the general path
+STALE = object()  # a miss because the slot moved on from the SteadyCall's graph: the runner drops it
 
 
 class SteadyCall:
@@ -77,23 +77,17 @@ class SteadyCall:
             return cls(recent, graph, graph.run_with_copies)
         return None
 
-    def stale(self) -> bool:
-        """Whether the slot has moved on from this call's graph or variant (the runner drops it)."""
-        slot = self.slot
-        return slot.state is not SlotState.GRAPH or slot.graph is not self.graph or slot.spec is not self.spec
-
     def __call__(self, runner_recent: Any, args: Sequence[Any]) -> Any:
-        """The outputs of a plain replay, or ``MISS`` with nothing done (the conditions in the Note)."""
-        ident = threading.get_ident()
+        """The outputs of a plain replay, or ``MISS`` or ``STALE`` with nothing done (the Note)."""
         slot, graph, family = self.slot, self.graph, self.family
+        if slot.state is not SlotState.GRAPH or slot.graph is not graph or slot.spec is not self.spec:
+            return STALE
+        ident = threading.get_ident()
         if (
             ident != self.thread
             or runner_recent is not self.recent
             or streams.calling_threads.first != ident
             or streams.calling_threads.several
-            or slot.graph is not graph
-            or slot.spec is not self.spec
-            or slot.state is not SlotState.GRAPH
             or slot.verify_calls
             or family.threads_shared
             or family.sharers

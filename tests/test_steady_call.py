@@ -16,6 +16,7 @@ import grace.slot
 from grace import pools, stats, streams
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
+from grace.reasons import SkipCode, SkipReason
 from grace.runner import GraceRunner, RunnerPlan
 from grace.scg import Variant
 
@@ -160,6 +161,16 @@ def test_a_decision_with_addresses_to_check_replays_steadily_until_they_move(
     assert setup.general == 0
     setup.call(torch.full((4,), 2.0))  # elsewhere
     assert setup.general == 1
+
+
+def test_a_slot_that_moved_on_drops_its_steady_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slot leaves its graph (here: no graph from now on): the next call takes the general path and
+    the runner lets the steady call go, with the graph it held."""
+    setup = _Setup(monkeypatch)
+    setup.steady()
+    setup.runner._recent.slot.set_no_graph(SkipReason(SkipCode.REPLAY_FAILED, "test"))
+    setup.call(torch.full((4,), 3.0))
+    assert setup.general == 1 and setup.runner._steady is None
 
 
 def test_reset_drops_the_steady_call_and_a_new_graph_gets_one(monkeypatch: pytest.MonkeyPatch) -> None:
