@@ -5,12 +5,15 @@ the runner's steps it is. For the seed demo (four elementwise ops on 1M floats) 
 Linear(256)+GELU stack it compiles the model with grace, calls it until the slot replays its graph, then
 times, back to back and in a seeded random order per round, the whole runner call and each step that
 call makes on a steady replay (the checks before the launch, the PI table update, the launch itself,
-the outputs handed back), each step called alone with the same arguments. The steps' sum need not equal
-the whole call (the call's own frames and locks lie between them); a step that costs far more on the
-GPU's host than the CPU stand-in says is where the time goes. Writes ``runner_steps.json`` under
-``--out`` (raw samples, us per call) and prints the medians.
+the outputs handed back, and the steady call alone where the runner has one), each step called alone
+with the same arguments. The steps' sum need not equal the whole call (the call's own frames and locks
+lie between them); a step that costs far more on the GPU's host than the CPU stand-in says is where the
+time goes. Each step is also timed cold (``--cold-rounds``): one call right after a replay of the graph
+and a synchronisation, as a synchronised (``lat``) call finds the host, its host time alone. Writes
+``runner_steps.json`` under ``--out`` (raw samples, us per call; the slot's variant and whether the
+steady call took the call) and prints the medians.
 
-usage: python scripts/gpu/runner_steps.py --out DIR [--rounds 15] [--calls 2000]
+usage: python scripts/gpu/runner_steps.py --out DIR [--rounds 15] [--calls 2000] [--cold-rounds 40]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from grace.backend import GraceBackend
 from grace.compat import torch as torch_compat
 from grace.options import GraceOptions
 from grace.runner import GraceRunner
+from grace.steady import MISS, STALE
 
 # Of host_layers.WORKLOADS; the decode step's GPU work (about 1.7 ms a call) gets a tenth of the calls.
 WORKLOADS = ("seed_demo", "linear_gelu_16", "llm_decode_static_kv")
@@ -68,7 +72,8 @@ def steady_steps(
     slot = recent.slot
     graph = slot.graph
     if graph is None or graph.pi_plan is None:
-        raise SystemExit(f"the slot replays no PI graph (state {slot.state})")
+        variant = slot.record.variant.value
+        raise SystemExit(f"the slot replays no PI graph (state {slot.state}, variant {variant})")
     plan = graph.pi_plan
     generation = torch_compat.compiled_call_generation()
     device = graph.device
@@ -92,9 +97,43 @@ def steady_steps(
         "copy_in_none": lambda: graph.copy_in(args, ()),
         "collect_outputs": lambda: graph.collect_outputs(args, False),
     }
+    steady = runner._steady
+    if steady is not None:
+
+        def steady_call() -> Any:
+            GenerationTracker.generation += 1
+            return steady(recent, args)
+
+        steps["steady_call"] = steady_call
     if launch:
         steps["graph_replay"] = graph.graph.replay
     return steps
+
+
+def facts(runner: GraceRunner, steps: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """The slot's variant and whether the steady call exists and takes a call (one call made)."""
+    recent = runner._recent
+    variant = recent.slot.record.variant.value if recent is not None else None
+    steady = steps.get("steady_call")
+    hit = steady is not None and steady() not in (MISS, STALE)
+    return {"variant": variant, "steady_call": steady is not None, "steady_call_hits": hit}
+
+
+def time_cold(
+    steps: dict[str, Callable[[], Any]], rounds: int, rng: random.Random, before: Callable[[], Any]
+) -> dict[str, Any]:
+    """Each step's host time for one call made right after ``before`` (a replay and a synchronisation),
+    ``rounds`` samples, the steps in a shuffled order per round."""
+    samples: dict[str, list[float]] = {step: [] for step in steps}
+    for _ in range(rounds):
+        order = list(steps)
+        rng.shuffle(order)
+        for step in order:
+            before()
+            start = time.perf_counter()
+            steps[step]()
+            samples[step].append((time.perf_counter() - start) * 1e6)
+    return {"samples_us": samples, "median_us": {step: statistics.median(v) for step, v in samples.items()}}
 
 
 def _sample(fn: Callable[[], Any], calls: int, sync: Callable[[], Any] | None) -> float:
@@ -136,7 +175,18 @@ def time_steps(
     }
 
 
-def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
+def _replay_and_wait(runner: GraceRunner) -> Callable[[], None]:
+    graph = runner._recent.slot.graph if runner._recent is not None else None
+    assert graph is not None
+
+    def before() -> None:
+        graph.graph.replay()
+        torch.cuda.synchronize()
+
+    return before
+
+
+def run(rounds: int, calls: int, cold_rounds: int, cache_dir: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     rng = random.Random(0)
     for name, (model, inputs) in _workloads(WORKLOADS).items():
@@ -152,7 +202,11 @@ def run(rounds: int, calls: int, cache_dir: str) -> dict[str, Any]:
             for fn in steps.values():
                 fn()
             n = max(1, calls // FEWER_CALLS.get(name, 1))
-            results[name] = time_steps(runner, steps, rounds, n, rng, torch.cuda.synchronize)
+            results[name] = {
+                **facts(runner, steps),
+                **time_steps(runner, steps, rounds, n, rng, torch.cuda.synchronize),
+                "cold": time_cold(steps, cold_rounds, rng, _replay_and_wait(runner)),
+            }
     return results
 
 
@@ -161,21 +215,31 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--cold-rounds", type=int, default=40)
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache_dir:
-        results = run(ns.rounds, ns.calls, cache_dir)
+        results = run(ns.rounds, ns.calls, ns.cold_rounds, cache_dir)
     env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
-    document = {"format_version": 1, "env": env, "rounds": ns.rounds, "calls": ns.calls, "results": results}
+    document = {
+        "format_version": 2,
+        "env": env,
+        "rounds": ns.rounds,
+        "calls": ns.calls,
+        "cold_rounds": ns.cold_rounds,
+        "results": results,
+    }
     (ns.out / "runner_steps.json").write_text(json.dumps(document))
     for name, result in results.items():
         if "skipped" in result:
             print(f"{name}: skipped: {result['skipped']}")
             continue
         replayed = f"{result['runner_calls_replayed']} of {result['runner_calls']} runner calls replayed"
-        print(f"{name}: us per call, median of {ns.rounds} rounds ({replayed})")
+        steady = f"steady call {result['steady_call']}, takes the call {result['steady_call_hits']}"
+        print(f"{name}: variant {result['variant']}, {steady}")
+        print(f"  us per call, median of {ns.rounds} rounds ({replayed}); cold, median of {ns.cold_rounds}")
         for step, value in result["median_us"].items():
-            print(f"  {step:<22}{value:9.2f}")
+            print(f"  {step:<22}{value:9.2f}{result['cold']['median_us'][step]:9.2f}")
     return 0
 
 
