@@ -22,6 +22,7 @@ STEPS = {
     "pi_update",
     "copy_in_none",
     "collect_outputs",
+    "steady_call",
     "dynamo_floor",
     "dynamo_fixed",
     "dynamo_runner",
@@ -37,9 +38,9 @@ def test_steady_call_bench_replays_every_call_and_reports_raw_samples(tmp_path: 
     assert set(figures["samples_us"]) == STEPS
     assert all(len(v) == 3 and min(v) > 0 for v in figures["samples_us"].values())
     # Every timed runner call went through the graph, not a fallback: the figure is the replay path's
-    # (the runner's calls alone and through Dynamo, 60 each).
+    # (the runner's calls alone, the steady call alone and through Dynamo, 60 each).
     assert figures["runner_calls"] == 60
-    assert figures["runner_calls_replayed"] == 120
+    assert figures["runner_calls_replayed"] == 180
 
 
 def test_steady_call_bench_refuses_bad_counts(tmp_path: Path) -> None:
