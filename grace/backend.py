@@ -239,7 +239,12 @@ def _compile_stage(stage: _Stage, options: GraceOptions, eager: Callable[..., An
         facts = _Facts(dataclasses.replace(facts.analysis, skip=reason), facts.mutated, facts.random_ops)
     record = torch_compat.InnerCompileRecord()
     compiled = torch_compat.compile_with_inductor(
-        gm, example_inputs, record, need_inner_outputs=pi_prepare is not None, on_graph=training
+        gm,
+        example_inputs,
+        record,
+        need_inner_outputs=pi_prepare is not None,
+        on_graph=training,
+        keep_donated=options.donated_buffers,
     )
     unit = _Unit(gm, example_inputs, compiled, facts, pi_prepare, pi_note, tuple(record.output_codes))
     return _guarded(unit, stage, options, eager)

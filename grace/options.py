@@ -122,6 +122,11 @@ class GraceOptions:
             grace.poolgroups) instead of a pool each: a graph replays only while no output it may
             overwrite, by the pool's layout around its capture, is still needed. False (the default
             until it is measured on a GPU) gives every graph a pool of its own.
+        donated_buffers: let a training backward reuse its saved tensors' memory for its own
+            buffers, as AOTAutograd does by default (``torch._functorch.config.donated_buffer``) and
+            grace otherwise turns off: the backward then counts those inputs as inputs it writes, so its
+            deciding call restores them before every extra run (grace.rerun) and SCG takes its variant
+            untimed. False (the default until it is measured on a GPU) compiles without donation.
         rebind: when the static inputs move, make the new graph by editing their addresses in a copy
             of the captured one (grace.rebind) instead of capturing again: every graph of the signature
             then shares one memory pool and one set of outputs, as cudagraph trees' recordings share
@@ -159,6 +164,7 @@ class GraceOptions:
     max_output_sets: int | None = None
     output_sets_share_pool: bool = False
     step_pool: bool = False
+    donated_buffers: bool = False
     training: bool = True
 
     def __post_init__(self) -> None:
@@ -175,6 +181,7 @@ class GraceOptions:
             "training",
             "output_sets_share_pool",
             "step_pool",
+            "donated_buffers",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise GraceOptionsError(f"GraceOptions.{name} must be a bool, got {getattr(self, name)!r}")

@@ -22,7 +22,9 @@ import torch
 from grace.compat import torch as torch_compat
 
 
-def _compile_patches(monkeypatch: pytest.MonkeyPatch, on_graph: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _compile_patches(
+    monkeypatch: pytest.MonkeyPatch, on_graph: Any, keep_donated: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch._functorch.config as functorch_config
     import torch._inductor.compile_fx as compile_fx_module
 
@@ -37,7 +39,7 @@ def _compile_patches(monkeypatch: pytest.MonkeyPatch, on_graph: Any) -> tuple[di
     gm = torch.fx.symbolic_trace(torch.nn.ReLU())
     record = torch_compat.InnerCompileRecord()
     torch_compat.compile_with_inductor(
-        gm, [torch.ones(2)], record, need_inner_outputs=True, on_graph=on_graph
+        gm, [torch.ones(2)], record, need_inner_outputs=True, on_graph=on_graph, keep_donated=keep_donated
     )
     return seen["patches"], seen
 
@@ -108,3 +110,17 @@ def test_without_the_environment_every_cache_but_the_fx_graph_cache_stays(tmp_pa
     found = _train_twice_in_a_process(tmp_path, forced=False)
     assert found["forced"] is False and "force_disable_caches" not in found["patches"]
     assert found["grace"].get("fxgraph_cache_hit", 0) == 0, found
+
+
+def test_option_donated_buffers_keeps_donation_and_the_fx_graph_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``keep_donated`` (option ``donated_buffers``) a training compile keeps AOTAutograd's donated
+    buffers, and the FX graph cache needs no turning off: a backward cached without donation writes less
+    than grace counts."""
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.setattr(functorch_config, "donated_buffer", True)
+    patches, seen = _compile_patches(monkeypatch, on_graph=lambda *args: None, keep_donated=True)
+    assert seen["donated_buffer"] is True
+    assert "fx_graph_cache" not in patches and patches["triton.cudagraphs"] is False

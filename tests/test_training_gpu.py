@@ -138,6 +138,20 @@ def test_training_steps_equal_eagers_and_run_in_cuda_graphs(
     assert launches.get("forward", 0) >= 5 and launches.get("backward", 0) >= 5, f"{launches}\n{_why(graphs)}"
 
 
+@pytest.mark.parametrize("step_pool", [False, True])
+def test_a_backward_reusing_its_saved_tensors_memory_equals_eager(
+    tmp_path: Path, graphs: list[Any], step_pool: bool
+) -> None:
+    """Option ``donated_buffers``: the backward writes its saved tensors' memory, so it counts them as
+    inputs it writes; every step still equals eager's and both graphs replay."""
+    eager, model, compiled = _pair(tmp_path, step_pool=step_pool, donated_buffers=True)
+    _train(eager, model, compiled, steps=8)
+    launches = _graph_launches(graphs)
+    assert launches.get("forward", 0) >= 5 and launches.get("backward", 0) >= 5, f"{launches}\n{_why(graphs)}"
+    written = [r.plan.mutated_indices for r in list(grace.runner._live_runners) if r.plan.mutated_indices]
+    assert written, "no backward was given donated saved tensors: this test would check nothing"
+
+
 def test_a_step_pool_lends_its_graphs_outputs(tmp_path: Path, graphs: list[Any]) -> None:
     """Note: [Outputs a shared pool lends] in grace.outputs: in the step's pool the forward and the
     backward give up owning their outputs once handed out; every step equals eager's, and after the last

@@ -268,28 +268,31 @@ def compile_with_inductor(
     *,
     need_inner_outputs: bool,
     on_graph: InnerGraphHook | None = None,
+    keep_donated: bool = False,
 ) -> Callable[..., Any]:
     """Inductor with its own CUDA graphs off (config and the inner compile's ``cudagraphs`` box).
 
     ``on_graph``: called with each graph the inner compile makes (AOTAutograd's cache, which would skip
     the inner compile, is off then, as it is when PI needs the inner outputs, and so are donated
-    buffers: a backward that writes its saved tensors' memory could not be run a second time). Inductor's
-    FX graph cache is off with them: its key leaves out which inputs were donated (torch 2.11, 2.13), so
-    a backward another compile cached with donated buffers (mode inductor, say) would come back writing
-    its saved tensors, which grace counts as unwritten."""
+    buffers unless ``keep_donated``: a backward that writes its saved tensors' memory must be restored
+    before a second run, so grace counts its donated inputs as written, ``InnerGraph.donated``). Where
+    donation is off, Inductor's FX graph cache is off with it: its key leaves out which inputs were
+    donated (torch 2.11, 2.13), so a backward another compile cached with donated buffers (mode inductor,
+    say) would come back writing its saved tensors, which grace would count as unwritten."""
     from torch._inductor.compile_fx import compile_fx
 
     # AOTAutograd's cache can skip the inner compile on a hit, and PI and ``on_graph`` need its output;
-    # donated buffers let a backward reuse its saved tensors' memory, so it could not run twice.
+    # donated buffers let a backward reuse its saved tensors' memory, so it could not run twice as is.
+    donation_off = on_graph is not None and not keep_donated
     with (
         functorch_patched(need_inner_outputs or on_graph is not None, enable_autograd_cache=False),
-        functorch_patched(on_graph is not None, donated_buffer=False),
+        functorch_patched(donation_off, donated_buffer=False),
     ):
         compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
             gm,
             list(example_inputs),
             inner_compile=_make_inner_compile(record, on_graph),
-            config_patches=inductor_patches(donation_off=on_graph is not None),
+            config_patches=inductor_patches(donation_off=donation_off),
         )
     return compiled
 
