@@ -120,7 +120,7 @@ def test_option_donated_buffers_keeps_donation_and_the_fx_graph_cache(
     than grace counts."""
     import torch._functorch.config as functorch_config
 
-    monkeypatch.setattr(functorch_config, "donated_buffer", True)
-    patches, seen = _compile_patches(monkeypatch, on_graph=lambda *args: None, keep_donated=True)
+    with functorch_config.patch(donated_buffer=True):  # (monkeypatch would delete the config entry)
+        patches, seen = _compile_patches(monkeypatch, on_graph=lambda *args: None, keep_donated=True)
     assert seen["donated_buffer"] is True
     assert "fx_graph_cache" not in patches and patches["triton.cudagraphs"] is False
