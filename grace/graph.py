@@ -38,13 +38,7 @@ from grace import poolgroups, pools, streams
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import GraphSummary
-from grace.outputs import (
-    HeldState,
-    OutputAlias,
-    OutputFamily,
-    _pool_outputs_all,
-    pool_output_bytes,
-)
+from grace.outputs import HeldState, OutputAlias, OutputFamily, _pool_outputs_all, pool_output_bytes
 from grace.pi_contract import PIPlan
 from grace.placeholders import Bindings, Layout, StorageSpan, static_pointers, storage_spans
 
@@ -335,12 +329,15 @@ class CapturedGraph:
 
     def held_outputs(self, generation: int, args: Sequence[Any] | None = None) -> HeldState:
         """Whether a replay now, in compiled call ``generation`` (on ``args``), would overwrite held
-        outputs: its own, or those of a graph in its pool it may overwrite (``PoolGroup.overwritten_held``:
-        without ``args`` every held one counts)."""
+        outputs: its own (the kept ones first: when held, nothing else changes the answer), or those of a
+        graph in its pool it may overwrite (``PoolGroup.overwritten_held``: without ``args`` every held
+        one counts)."""
         owner = self.outputs_owner
         family = owner.family
         if family.needs_sharing():
             self.share_across_threads()
+        if family.kept and family.kept_held():
+            return HeldState.HELD
         group = owner.pool_group
         if group is not None and group.overwritten_held(owner, generation, args):
             return HeldState.HELD
