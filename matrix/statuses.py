@@ -59,6 +59,15 @@ class ResultStatus(StoredText):
     UNREADABLE = "unreadable"  # a row holding a value no reader can use (matrix.unreadable): a failure
 
 
+TEST_OUTCOMES = (
+    ResultStatus.PASSED,
+    ResultStatus.SKIPPED,
+    ResultStatus.FAILED,
+    ResultStatus.ERROR,
+    ResultStatus.CRASHED,
+)
+"""The outcomes of a test the recorder writes (``matrix.recorder``); the store's column declares them."""
+
 _BY_VALUE = {member.value: member for member in ResultStatus}
 
 

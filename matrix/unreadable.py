@@ -6,15 +6,15 @@ number stored as text, samples that are not numbers, JSON that does not parse or
 nobody knows. Every reader converted such a value on its own (``float``, an enum, a logarithm) and
 failed on it, and with it every command that reads the store, long after the value was written.
 
-Design: the store's column types (``matrix.store.models``) convert stored values where every read
-passes, ORM or Core alike, with the checks here (the ones ingest makes on incoming values, so that what
-ingest refuses is what reads as unreadable): a value outside what its column declares reads as an
-``Unreadable`` marker (the stored value as text and what it should have been), never as an exception; an
-unknown run status reads as ``RunStatus.UNREADABLE``. Readers carry a marker to the verdict: a result row
-holding one has the status ``ResultStatus.UNREADABLE`` (``matrix.statuses.row_status``), a failure
-everywhere, and its figures are missing, never a number. Every marker made is counted by the innermost
-``watch`` block, so that the command line can say once that the store holds unreadable rows
-(``matrix.store.check`` finds and lists them).
+Design: the store's column types (``matrix.store.models``) convert stored values where every read passes, ORM
+or Core alike, with the checks here (the ones ingest makes on incoming values, so that what ingest refuses is
+what reads as unreadable): a value outside what its column declares reads as an ``Unreadable`` marker (the
+stored value as text and what it should have been), never as an exception; an unknown run status reads as
+``RunStatus.UNREADABLE``, and other text outside a column's declared choices (a test outcome no writer
+records) as a marker (``read_choice``). Readers carry a marker to the verdict: a result row holding one has
+the status ``ResultStatus.UNREADABLE`` (``matrix.statuses.row_status``), a failure everywhere, and its figures
+are missing, never a number. Every marker made is counted by the innermost ``watch`` block, so that the
+command line can say once that the store holds unreadable rows (``matrix.store.check`` finds and lists them).
 
 Invariants: reading a stored value never raises and never changes the store; a marker is never
 written back (the column types refuse it); a row holding a marker never passes.
@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,14 @@ def read_json(decoded: object, kind: type[Any], latencies: bool = False) -> Any:
     if not _finite(decoded):
         return unreadable(decoded, "JSON of finite numbers (JSON has no NaN or Infinity)")
     return decoded
+
+
+def read_choice(value: object, choices: Collection[str]) -> Unreadable | None:
+    """The marker of stored ``value`` when it is none of ``choices`` (a column's ``info`` choices: the texts
+    its writers record); None when it is one."""
+    if isinstance(value, str) and value in choices:
+        return None
+    return unreadable(value, f"one of {', '.join(sorted(choices))}")
 
 
 def undecodable(text: object, error: Exception) -> Unreadable:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from matrix.recorder import _RANK
 from matrix.regressions.observations import Observation, ResultKey, Suite
 from matrix.regressions.status import Verdict, judge_one
-from matrix.statuses import ResultStatus, read_status
+from matrix.statuses import TEST_OUTCOMES, ResultStatus, read_status
 from matrix.store.models import RunStatus
 from suites.records import CorrectnessStatus, PerformanceStatus, StageStatus
 
@@ -21,6 +21,10 @@ def test_every_status_a_writer_records_reads_as_itself() -> None:
     for text in written:
         status = read_status(text)
         assert status is not None and status is not ResultStatus.OTHER and status == text, text
+
+
+def test_the_declared_test_outcomes_are_the_recorders() -> None:
+    assert {o.value for o in TEST_OUTCOMES} == set(_RANK)
 
 
 def test_unknown_text_is_other_and_judged_a_failure() -> None:

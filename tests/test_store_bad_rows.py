@@ -31,6 +31,10 @@ WARNING = re.compile(
     r"`grace-matrix check-store` lists them$"
 )
 PERF = "UPDATE performance_results SET {set} WHERE run_pk = {run} AND mode = 'grace'"
+TEST = (
+    "UPDATE test_outcomes SET {set} WHERE id = "
+    "(SELECT min(id) FROM test_outcomes WHERE run_pk = {run} AND outcome = 'passed')"
+)
 CORRUPTIONS = {  # name: (SQL, rows it makes unreadable)
     "run status unknown": ("UPDATE runs SET status = 'weird' WHERE id = {run}", 1),
     "latency zero": (PERF.format(set="median_ms = 0, samples_ms = '[0, 0]'", run="{run}"), 2),
@@ -51,6 +55,9 @@ CORRUPTIONS = {  # name: (SQL, rows it makes unreadable)
         "UPDATE pi_stage_results SET details = '{{' WHERE run_pk = {run} AND stage = 'patch'",
         2,
     ),
+    # a test whose own records all passed: its outcome row alone says something is wrong
+    "test outcome unknown": (TEST.format(set="outcome = 'weird'", run="{run}"), 1),
+    "test duration NaN text": (TEST.format(set="duration_s = 'NaN'", run="{run}"), 1),
 }
 PERF_CORRUPTIONS = [name for name in CORRUPTIONS if name.startswith(("latency", "samples"))]
 # Commands that judge the latest run of every cell: each reads every row of the corrupted run.
@@ -120,6 +127,8 @@ def test_every_reader_works_warns_once_and_changes_nothing(store, capsys, name) 
         # no other row than PI stages, the report and the documents read none of those.
         if name.startswith("PI"):
             reads_it = command in JUDGING or command == "pi-status"
+        elif name.startswith("test"):  # only the judges read test outcomes
+            reads_it = command in JUDGING
         else:
             reads_it = name.startswith("run") or command != "pi-status"
         assert warnings_in(err) == ([rows] if reads_it else []), (command, err)
@@ -177,7 +186,9 @@ def test_an_unknown_run_status_reads_unreadable_and_the_run_fails(store, capsys)
     assert "tests:<run>:pytest  FAIL: unreadable" in out and "status holds 'weird'" in out
 
 
-@pytest.mark.parametrize("name", ["run status unknown", "latency NaN text", "samples not JSON"])
+@pytest.mark.parametrize(
+    "name", ["run status unknown", "latency NaN text", "samples not JSON", "test outcome unknown"]
+)
 def test_check_store_lists_them_and_export_refuses_them(store, tmp_path, capsys, name) -> None:
     corrupt(store, name)
     before = store.read_bytes()

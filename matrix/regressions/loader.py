@@ -21,9 +21,9 @@ import statistics
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
 from matrix.regressions.observations import (
@@ -48,8 +48,9 @@ from matrix.store.models import (
     TestOutcome,
     Workload,
     checked_columns,
+    choices,
 )
-from matrix.unreadable import Unreadable, describe
+from matrix.unreadable import Unreadable, describe, read_choice
 
 _CHUNK = 500  # bound the number of bound parameters of one IN (...)
 
@@ -109,6 +110,8 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
     """The ``tests`` suite (Note: [Every outcome reaches a verdict]): every pytest outcome, and the end
     of every run that finished other than ``complete``."""
     checked = checked_columns(TestOutcome)
+    outcome_column = cast(Table, TestOutcome.__table__).c.outcome
+    written = choices(outcome_column)
     outcomes = (
         select(
             TestOutcome.run_pk,
@@ -123,7 +126,10 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
     )
     for run_pk, record_key, outcome, nodeid, message, *values in session.execute(outcomes):
         key = ResultKey(Suite.TESTS, record_key, TEST_MODE)
-        found[run_pk].append(_observation(key, outcome, nodeid or record_key, message, checked, values))
+        read = (*values, read_choice(outcome, written))  # an outcome no writer records: unreadable
+        found[run_pk].append(
+            _observation(key, outcome, nodeid or record_key, message, (*checked, outcome_column), read)
+        )
     silent = (RunStatus.COMPLETE.value, RunStatus.RUNNING.value)  # no verdict of the run itself
     runs = select(Run.id, Run.status, Run.message).where(Run.id.in_(chunk), Run.status.not_in(silent))
     for run_pk, status, message in session.execute(runs):

@@ -47,7 +47,8 @@ SKIP_STATUS = ResultStatus.SKIP
 # pytest refused to run), leave no correctness, performance or PI result that could fail. So the
 # ``tests`` suite turns them into results: the loader gives one per test, keyed ``(tests, <node id>,
 # pytest)`` with pytest's outcome as status, and one per run that did not complete, keyed ``(tests, <run>,
-# pytest)`` with the run's status. Only failures are judged (``status.bearing_verdicts``), and a failed
+# pytest)`` with the run's status. Only failures are judged (``status.bearing_verdicts``: every outcome
+# but passed and skipped, an outcome row that reads as unreadable included), and a failed
 # test only when none of its own records fails (that record carries the verdict, and expected.toml covers
 # it as such); passed and skipped tests are what the suites' own results already say. expected.toml
 # covers the rest like any result (suite "tests", workload a node id pattern or "<run>"). Absence is never
@@ -55,6 +56,7 @@ SKIP_STATUS = ResultStatus.SKIP
 TEST_MODE = "pytest"
 RUN_SUBJECT = "<run>"
 TEST_FAILURES = frozenset({ResultStatus.FAILED, ResultStatus.ERROR, ResultStatus.CRASHED})
+TEST_NOT_FAILED = frozenset({ResultStatus.PASSED, ResultStatus.SKIPPED})  # every other outcome is judged
 
 
 @dataclass(frozen=True, order=True)

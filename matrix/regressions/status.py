@@ -36,7 +36,7 @@ from matrix.regressions.observations import (
     PASSING_STATUS,
     RUN_SUBJECT,
     SKIP_STATUS,
-    TEST_FAILURES,
+    TEST_NOT_FAILED,
     Observation,
     ResultKey,
     Suite,
@@ -163,7 +163,7 @@ def bearing_verdicts(observations: Iterable[Observation]) -> list[Observation]:
         o
         for o in observations
         if o.key.suite is not Suite.TESTS
-        or (o.status in TEST_FAILURES and o.nodeid not in explained)
+        or (o.status not in TEST_NOT_FAILED and o.nodeid not in explained)
         or o.key.workload == RUN_SUBJECT
     ]
 

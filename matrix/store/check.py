@@ -6,10 +6,11 @@ told that the store holds such rows, how many, and where, to repair or remove th
 not carry them to a store whose ingest would refuse the whole file.
 
 Design: ``find_unreadable`` reads, table by table, the columns whose values may read as unreadable
-(``models.checked_columns``, read through the same column types every reader uses) and every run's
-status (``RunStatus.read``), and returns one ``UnreadableRow`` per row that holds such a value, with its
-table, primary key, run and record key. ``count_unreadable`` opens a store read-only to count them (the
-command line's one warning line after a command met one; ``grace-matrix check-store`` lists them).
+(``models.checked_columns``, read through the same column types every reader uses) and the columns that
+declare the texts they take (``models.choice_columns``: a run's status, a test's outcome), and returns one
+``UnreadableRow`` per row that holds such a value, with its table, primary key, run and record key.
+``count_unreadable`` opens a store read-only to count them (the command line's one warning line after a
+command met one; ``grace-matrix check-store`` lists them).
 
 Invariant: read-only; a row is listed once, with every unreadable value it holds.
 """
@@ -20,21 +21,21 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, null, select
+from sqlalchemy import Column, Select, null, select
 from sqlalchemy.orm import Session
 
 from matrix.store.db import StoreAccess, open_store
 from matrix.store.models import (
     RESULT_TABLES,
-    WRITTEN_RUN_STATUSES,
     Base,
     Cell,
     Run,
-    RunStatus,
     Workload,
     checked_columns,
+    choice_columns,
+    choices,
 )
-from matrix.unreadable import Unreadable
+from matrix.unreadable import Unreadable, read_choice
 
 CHECK_COMMAND = "grace-matrix check-store"
 _CHUNK = 500  # bound the number of bound parameters of one IN (...)
@@ -75,8 +76,8 @@ class UnreadableRow:
 def find_unreadable(session: Session, run_pks: Collection[int] | None = None) -> list[UnreadableRow]:
     """Every row holding a value no reader can use, of the whole store or of the runs ``run_pks`` (their
     result rows, cells and workloads too), table by table, in primary key order."""
-    found = list(_runs(session, run_pks))
-    for model in (Cell, Workload, *RESULT_TABLES):
+    found: list[UnreadableRow] = []
+    for model in (Run, Cell, Workload, *RESULT_TABLES):
         found.extend(_rows(session, model, run_pks))
     return found
 
@@ -93,21 +94,10 @@ def count_unreadable(url: str | None) -> int:
             bind.dispose()
 
 
-def _runs(session: Session, run_pks: Collection[int] | None) -> Iterator[UnreadableRow]:
-    for chunk in _chunks(run_pks):
-        stmt = select(Run.id, Run.uid, Run.status).order_by(Run.id)
-        if chunk is not None:
-            stmt = stmt.where(Run.id.in_(chunk))
-        for pk, uid, status in session.execute(stmt):
-            if RunStatus.read(status) is RunStatus.UNREADABLE:
-                known = ", ".join(s.value for s in WRITTEN_RUN_STATUSES)
-                value = Unreadable(repr(status), f"a run status ({known})")
-                yield UnreadableRow(Run.__tablename__, pk, uid, None, (("status", value),))
-
-
 def _rows(session: Session, model: type[Base], run_pks: Collection[int] | None) -> Iterator[UnreadableRow]:
-    """The rows of ``model`` (a result table, ``Cell`` or ``Workload``) holding an unreadable value."""
-    checked = checked_columns(model)
+    """The rows of ``model`` (``Run``, a result table, ``Cell`` or ``Workload``) holding an unreadable
+    value: one its column type reads as a marker, or text outside its column's choices."""
+    checked = (*checked_columns(model), *choice_columns(model))
     if not checked:
         return
     table = model.__tablename__
@@ -116,14 +106,18 @@ def _rows(session: Session, model: type[Base], run_pks: Collection[int] | None) 
     for chunk in _chunks(run_pks):
         stmt = _select(model, result, checked, chunk)
         for pk, uid, record_key, *values in session.execute(stmt):
-            bad = tuple(
-                (column.key, value)
-                for column, value in zip(checked, values, strict=True)
-                if isinstance(value, Unreadable)
-            )
+            read = [(c.key, _as_read(c, value)) for c, value in zip(checked, values, strict=True)]
+            bad = tuple((name, value) for name, value in read if value is not None)
             if bad and pk not in seen:
                 seen.add(pk)
                 yield UnreadableRow(table, pk, uid, record_key, bad)
+
+
+def _as_read(column: Column[Any], value: object) -> Unreadable | None:
+    """The marker ``value`` of ``column`` reads as; None when it is readable."""
+    if isinstance(value, Unreadable):
+        return value
+    return read_choice(value, choices(column)) if "choices" in column.info else None
 
 
 def _select(model: type[Any], result: bool, checked: Sequence[Any], chunk: list[int] | None) -> Select[Any]:
@@ -135,6 +129,9 @@ def _select(model: type[Any], result: bool, checked: Sequence[Any], chunk: list[
             if chunk is None
             else stmt.where(model.run_pk.in_(chunk)).order_by(model.id)
         )
+    if model is Run:
+        stmt = select(Run.id, Run.uid, null(), *checked).order_by(Run.id)
+        return stmt if chunk is None else stmt.where(Run.id.in_(chunk))
     stmt = select(model.id, null(), null(), *checked).order_by(model.id)
     if chunk is None:
         return stmt

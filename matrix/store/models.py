@@ -19,7 +19,8 @@ Invariants:
   (``matrix.exportfields`` checks incoming values) and for readers (the types check stored ones): a
   ``Number`` is finite, a ``Latency`` (or each item of a ``Latencies`` array) is also above zero (the
   regression detectors take logarithms of latencies), JSON holds finite numbers only; ``info``'s
-  ``choices`` are the enum members it takes (readers convert it, ``RunStatus.read``).
+  ``choices`` are the enum members it takes (readers convert it, ``RunStatus.read``; other text reads
+  as unreadable, ``choice_columns``).
 - Reading never fails on a stored value: one outside its declaration (written by an older version or by
   hand) reads as a ``matrix.unreadable.Unreadable`` marker, which readers judge a failure; a marker is
   never written.
@@ -50,7 +51,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from matrix import unreadable
-from matrix.statuses import StoredText
+from matrix.statuses import TEST_OUTCOMES, StoredText
 from matrix.text import store_text, store_value
 from matrix.unreadable import Unreadable
 
@@ -274,7 +275,7 @@ class TestOutcome(_RunResult, Base):
     __tablename__ = "test_outcomes"
     __table_args__ = (UniqueConstraint("run_pk", "record_key"),)
 
-    outcome: Mapped[str] = mapped_column(CleanString(16))  # passed | failed | skipped | error | crashed
+    outcome: Mapped[str] = mapped_column(CleanString(16), info={"choices": TEST_OUTCOMES})
     duration_s: Mapped[float | Unreadable | None] = mapped_column(Number)
     message: Mapped[str | None] = mapped_column(CleanText)
     worker: Mapped[str | None] = mapped_column(CleanString(32))
@@ -375,6 +376,17 @@ RESULT_TABLES = (TestOutcome, CorrectnessResult, PerformanceResult, PIStageResul
 def checked_columns(model: type[Base]) -> tuple[Column[Any], ...]:
     """The columns of ``model`` whose stored values may read as ``Unreadable`` (``CHECKED_TYPES``)."""
     return tuple(c for c in cast(Table, model.__table__).columns if isinstance(c.type, CHECKED_TYPES))
+
+
+def choice_columns(model: type[Base]) -> tuple[Column[Any], ...]:
+    """The columns of ``model`` whose ``info`` declares the texts they take (``choices``); stored text
+    outside them reads as unreadable where it is read (``matrix.unreadable.read_choice``)."""
+    return tuple(c for c in cast(Table, model.__table__).columns if "choices" in c.info)
+
+
+def choices(column: Column[Any]) -> frozenset[str]:
+    """The texts a ``choice_columns`` column takes."""
+    return frozenset(member.value for member in column.info["choices"])
 
 
 def checked_values(row: Base) -> dict[str, object]:
