@@ -5,12 +5,12 @@ no reader can use (a run status nobody knows, a latency of zero, samples that ar
 longer than PostgreSQL keeps) would be stored, and every later read of the store (summary, regressions,
 the dashboard) would fail on it, long after the ingest that let it in reported success.
 
-Design: ``load_fields`` checks every field of a line against its column: its name, its type (the
-column's type; a JSON column's ``python_type``), its range (integer widths, finite floats, string
-lengths), its nullability and what the column declares beyond its type (``info``'s ``choices``; a
-latency type's ``positive``; see ``matrix.store.models``), and converts ISO datetimes. A mismatch is a
-``TransferError`` naming the line and the field. The numeric checks are those the column types make on
-stored values (``matrix.unreadable``).
+Design: ``load_fields`` checks every field of a line against its column: its name, its type (the column's
+type; a JSON column's ``python_type``), its range (integer widths, finite floats, string lengths), its
+nullability and what the column declares beyond its type (``info``'s ``choices``; a latency type's
+``positive``; see ``matrix.store.models``), and converts ISO datetimes to UTC. A mismatch is a
+``TransferError`` naming the line and the field. The numeric checks are those the column types make on stored
+values (``matrix.unreadable``).
 
 Invariant: a row ``load_fields`` accepts is one every reader of the store can read (no value of it
 reads as ``Unreadable``).
@@ -34,7 +34,8 @@ LINKS = {"id", "run_pk", "cell_pk", "workload_pk"}  # integer links, replaced by
 
 def load_fields(data: dict[str, Any], model: type[Base], where: str) -> dict[str, Any]:
     """``data``'s fields checked against ``model``'s columns (the export schema: names, types, ranges,
-    nulls) and converted (ISO datetimes); a mismatch is a ``TransferError`` naming ``where`` and the field."""
+    nulls) and converted (ISO datetimes, to UTC); a mismatch is a ``TransferError`` naming ``where`` and
+    the field."""
     columns = {c.key: c for c in cast(Table, model.__table__).columns if c.key not in LINKS}
     unknown = sorted(set(data) - set(columns))
     if unknown:
@@ -50,10 +51,15 @@ def load_fields(data: dict[str, Any], model: type[Base], where: str) -> dict[str
         if problem:
             raise TransferError(f"{where}: field {name!r} of {model.__tablename__} {problem}")
         if isinstance(column.type, DateTime):
-            moment = dt.datetime.fromisoformat(value)
-            # SQLite hands back naive datetimes; every time the store writes is UTC.
-            values[name] = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+            values[name] = _utc(dt.datetime.fromisoformat(value))
     return values
+
+
+def _utc(moment: dt.datetime) -> dt.datetime:
+    """``moment`` in UTC (a time without an offset is UTC): SQLite keeps no offset, so a time is stored as
+    its UTC wall clock, every time the store holds is UTC. ``OverflowError`` when that leaves the calendar
+    (year 1 at +05:00)."""
+    return moment.astimezone(dt.timezone.utc) if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
 def _type_problem(column: Column[Any], value: Any) -> str | None:
@@ -63,9 +69,11 @@ def _type_problem(column: Column[Any], value: Any) -> str | None:
         kind = kind.impl_instance  # a Number or a Latency (its domain: ``_domain_problem``)
     if isinstance(kind, DateTime):
         try:
-            dt.datetime.fromisoformat(value)
+            _utc(dt.datetime.fromisoformat(value))
         except (TypeError, ValueError):
             return f"is not an ISO datetime: {_short(value)}"
+        except OverflowError:
+            return f"is out of range in UTC: {_short(value)}"
         return None
     if isinstance(kind, Boolean):
         return None if isinstance(value, bool) else f"must be true or false, not {_short(value)}"

@@ -68,3 +68,28 @@ def test_every_written_test_outcome_is_ingested(store, tmp_path, capsys) -> None
     assert main(["summary", "--json"]) == 0
     (summary,) = json.loads(capsys.readouterr().out)
     assert summary["outcomes"] == dict.fromkeys(outcomes, 1)
+
+
+# -- 2. a time with an offset ------------------------------------------------------------------------
+
+
+def test_a_time_with_an_offset_is_stored_as_the_same_moment_in_utc(store, tmp_path, capsys) -> None:
+    """SQLite keeps no offset: a start at 02:00+14:00 had been stored as 02:00 UTC, fourteen hours late,
+    which reorders runs of machines in other time zones (the latest run of a cell, the baseline)."""
+    run = {"started_at": "2026-01-20T02:00:00+14:00", "finished_at": "2026-01-19T22:30:00-05:00"}
+    recorded = {"recorded_at": "2026-01-20T02:10:00+14:00"}
+    path = _export(tmp_path / "tz.jsonl", run, {**_outcome("passed"), **recorded})
+    assert main(["ingest", str(path)]) == 0
+    out = tmp_path / "out.jsonl"
+    assert main(["export", "-o", str(out)]) == 0
+    _, run_line, row = (json.loads(line) for line in out.read_text().splitlines())
+    assert run_line["started_at"] == "2026-01-19T12:00:00"
+    assert run_line["finished_at"] == "2026-01-20T03:30:00"
+    assert row["recorded_at"] == "2026-01-19T12:10:00"
+
+
+@pytest.mark.parametrize("moment", ["0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00"])
+def test_a_time_that_leaves_the_calendar_in_utc_is_refused(store, tmp_path, capsys, moment) -> None:
+    path = _export(tmp_path / "bad.jsonl", {"started_at": moment})
+    line = _refused(store, capsys, "ingest", str(path))
+    assert f"{path}:2: field 'started_at' of runs is out of range in UTC: str {json.dumps(moment)}" in line
