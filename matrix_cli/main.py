@@ -27,7 +27,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from matrix.errors import MatrixError
 from matrix_cli.commands import COMMAND_MODULES
@@ -38,16 +38,25 @@ PROG = "grace-matrix"
 INTERNAL_ERROR = 3
 
 
-class CommandParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr (``prog: error: ...``) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class CommandParser(OneLineParser):
     """A subcommand parser with the common options; a module may redefine any of them."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("conflict_handler", "resolve")
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.set_defaults(command_parser=self)  # names the subcommand in errors of the whole command line
         common = self.add_argument_group("common options")
         common.add_argument(
             "--db",
             metavar="URL",
+            type=store_url,
             default=None,
             help="store URL (default: GRACE_MATRIX_DB, else SQLite at .grace-matrix/store.sqlite)",
         )
@@ -60,12 +69,18 @@ class CommandParser(argparse.ArgumentParser):
         common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-vv: debug)")
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+def store_url(text: str) -> str:
+    """``--db``'s value: an empty one (``--db "$UNSET"``) is refused, never taken for the default store."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty store URL; give one (sqlite:///path/store.sqlite), or leave --db out for the default"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=PROG,
         description="Compatibility and regression matrix of grace over PyTorch x Triton x CUDA.",
     )
@@ -91,7 +106,9 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # what the subcommand does not take: said by the subcommand's parser, which names it
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

@@ -93,3 +93,38 @@ def test_a_time_that_leaves_the_calendar_in_utc_is_refused(store, tmp_path, caps
     path = _export(tmp_path / "bad.jsonl", {"started_at": moment})
     line = _refused(store, capsys, "ingest", str(path))
     assert f"{path}:2: field 'started_at' of runs is out of range in UTC: str {json.dumps(moment)}" in line
+
+
+# -- 3. the command line's own refusals --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["bogus"], "grace-matrix: error: argument COMMAND: invalid choice: 'bogus'"),
+        (["cells", "--kind", "x"], "grace-matrix cells: error: unrecognized arguments: --kind x"),
+        (["summary", "extra"], "grace-matrix summary: error: unrecognized arguments: extra"),
+    ],
+)
+def test_a_usage_error_is_one_line(store, capsys, argv, expected) -> None:
+    """The usage of the whole program used to come first (two lines), and an option the subcommand does
+    not know was said without naming the subcommand."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert one_error_line(capsys).startswith(expected)
+
+
+@pytest.mark.parametrize("url", ["", "  "])
+def test_an_empty_store_url_is_refused_not_taken_for_the_default(store, tmp_path, capsys, url) -> None:
+    """``--db "$UNSET"`` used to read and write the default store (GRACE_MATRIX_DB, else
+    .grace-matrix/store.sqlite): ingest put runs into a store nobody named."""
+    path = _export(tmp_path / "ok.jsonl", None, _outcome("passed"))
+    before = store.read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["ingest", "--db", url, str(path)])
+    assert exited.value.code == 2
+    assert "argument --db: an empty store URL" in one_error_line(capsys)
+    assert store.read_bytes() == before and not (tmp_path / ".grace-matrix").exists()
