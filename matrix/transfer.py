@@ -10,7 +10,9 @@ revision it came from); then, per run, one ``run`` line carrying the run's field
 fingerprint, followed by one line per result row naming its table and its fields. Rows refer to runs
 by ``uid`` and to workloads by (name, code hash), never by integer ids; every value is a named field.
 Ingest reads such lines inside one transaction of the caller: a run already present is matched by uid
-(and finished if the incoming copy finished it), a row already present by (run, record_key) is skipped.
+(and finished if the incoming copy finished it), a row already present by (run, record_key) is skipped,
+except in a run the incoming copy finished: there the finished copy's row replaces it (the recorder
+worsens a test's outcome while its run goes on).
 Merge is ingest fed directly from other stores' exports, all in one transaction; the sources are
 opened read-only.
 
@@ -85,6 +87,7 @@ class TransferStats:
     runs_present: int = 0
     rows_added: Counter[str] = dataclasses.field(default_factory=Counter)
     rows_present: Counter[str] = dataclasses.field(default_factory=Counter)
+    rows_updated: Counter[str] = dataclasses.field(default_factory=Counter)  # of a running copy finished
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +96,7 @@ class TransferStats:
             "runs_present": self.runs_present,
             "rows_added": dict(self.rows_added),
             "rows_present": dict(self.rows_present),
+            "rows_updated": dict(self.rows_updated),
         }
 
 
@@ -297,6 +301,7 @@ class Ingester:
         self._present: dict[tuple[str, str], set[str]] = {}  # (uid, table) -> record keys in this store
         self._workloads: dict[tuple[str, str], int] = {}
         self._fresh: set[str] = set()  # uids of the runs this ingester inserted
+        self._finished: set[str] = set()  # uids of stored running runs this ingester finished
 
     def add(self, item: dict[str, Any], where: str) -> None:
         kind = item.get("type")
@@ -336,6 +341,7 @@ class Ingester:
             for name in ("status", "finished_at", "exit_code", "message"):
                 setattr(existing, name, values.get(name))
             self.stats.runs_updated += 1
+            self._finished.add(uid)
         else:
             self.stats.runs_present += 1
 
@@ -367,7 +373,7 @@ class Ingester:
         if missing:
             raise TransferError(f"{where}: {table} row lacks its {missing[0]!r}")
         present = self._present_keys(uid, table, model)
-        if key in present:
+        if key in present and uid not in self._finished:
             self.stats.rows_present[table] += 1
             return
         if "workload_pk" in model.__table__.columns:
@@ -375,6 +381,9 @@ class Ingester:
                 raise TransferError(f"{where}: {table} row lacks its 'workload'")
             values["workload_pk"] = self._workload(workload, where)
         values["run_pk"] = self._runs[uid]
+        if key in present:  # of a run this ingest finished
+            (self.stats.rows_updated if self._replace(model, values) else self.stats.rows_present)[table] += 1
+            return
         present.add(key)
         if uid in self._fresh:  # a run this transaction created: no one else can add its rows
             self.session.add(model(**values))
@@ -382,6 +391,17 @@ class Ingester:
             self.stats.rows_present[table] += 1  # a concurrent ingest of the same run added it
             return
         self.stats.rows_added[table] += 1
+
+    def _replace(self, model: ResultModel, values: dict[str, Any]) -> bool:
+        """Give the stored row of ``values``' run and record key the fields of ``values`` (the finished
+        copy's: the recorder worsens a test's outcome while its run goes on); True when one differed."""
+        row = self.session.scalars(
+            select(model).where(model.run_pk == values["run_pk"], model.record_key == values["record_key"])
+        ).one()
+        changed = {name: value for name, value in values.items() if not _same(getattr(row, name), value)}
+        for name, value in changed.items():
+            setattr(row, name, value)
+        return bool(changed)
 
     def _present_keys(self, uid: str, table: str, model: ResultModel) -> set[str]:
         if (uid, table) not in self._present:
@@ -404,6 +424,13 @@ class Ingester:
             values.setdefault("tags", [])
             self._workloads[key] = get_or_create(self.session, Workload, values, ("name", "code_hash")).id
         return self._workloads[key]
+
+
+def _same(stored: Any, incoming: Any) -> bool:
+    """Whether a stored value equals an incoming one (SQLite reads times back without their UTC offset)."""
+    if isinstance(stored, dt.datetime) and isinstance(incoming, dt.datetime) and stored.tzinfo is None:
+        stored = stored.replace(tzinfo=dt.timezone.utc)
+    return bool(stored == incoming)
 
 
 def _columns(model: type[Base]) -> list[Column[Any]]:

@@ -128,3 +128,29 @@ def test_an_empty_store_url_is_refused_not_taken_for_the_default(store, tmp_path
     assert exited.value.code == 2
     assert "argument --db: an empty store URL" in one_error_line(capsys)
     assert store.read_bytes() == before and not (tmp_path / ".grace-matrix").exists()
+
+
+# -- 4. a finished copy of a run stored while it ran ---------------------------------------------------
+
+
+def test_the_finished_copy_of_a_run_replaces_the_rows_it_changed(store, tmp_path, capsys) -> None:
+    """The recorder worsens a test's outcome while the run goes on (passed in call, error in teardown): an
+    export taken while it ran, then the finished one, used to keep the first copy's 'passed' while the run
+    became complete, so the failed test was green everywhere."""
+    running = {"status": "running", "finished_at": None}
+    first = _export(tmp_path / "early.jsonl", running, _outcome("passed"), _outcome("passed", "t::b"))
+    done = {"status": "complete", "finished_at": "2026-11-29T11:00:00+00:00"}
+    failed = {**_outcome("error"), "message": "teardown: boom"}
+    last = _export(tmp_path / "late.jsonl", done, failed, _outcome("passed", "t::b"))
+    assert main(["ingest", str(first)]) == 0
+    capsys.readouterr()
+    assert main(["ingest", "--json", str(last)]) == 0
+    stats = json.loads(capsys.readouterr().out)[str(last)]
+    assert stats["runs_updated"] == 1 and stats["rows_updated"] == {"test_outcomes": 1}
+    assert stats["rows_present"] == {"test_outcomes": 1}
+    assert main(["summary", "--json"]) == 0
+    (summary,) = json.loads(capsys.readouterr().out)
+    assert summary["outcomes"] == {"error": 1, "passed": 1} and summary["verdict"].startswith("FAIL")
+    assert main(["ingest", str(first)]) == 0  # the early copy again: the finished run keeps its rows
+    assert main(["summary", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["outcomes"] == {"error": 1, "passed": 1}

@@ -53,9 +53,11 @@ def handle(args: argparse.Namespace) -> int:
         for name, stats in totals.items():
             added = sum(stats["rows_added"].values())
             present = sum(stats["rows_present"].values())
+            replaced = sum(stats["rows_updated"].values())
             info(
                 f"grace-matrix: {name}: {stats['runs_added']} runs added, {stats['runs_updated']} updated, "
                 f"{stats['runs_present']} already present; {added} rows added, {present} already present"
+                + (f", {replaced} replaced by the finished copy" if replaced else "")
             )
     return 0
 
