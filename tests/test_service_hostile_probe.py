@@ -154,3 +154,19 @@ def test_the_finished_copy_of_a_run_replaces_the_rows_it_changed(store, tmp_path
     assert main(["ingest", str(first)]) == 0  # the early copy again: the finished run keeps its rows
     assert main(["summary", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["outcomes"] == {"error": 1, "passed": 1}
+
+
+# -- 5. a run uid in a link ------------------------------------------------------------------------
+
+
+def test_a_run_uid_reaches_the_comparison_link_encoded(store, tmp_path, capsys) -> None:
+    """A uid holding '+', '&' or '#' went into compare.html's query string as it is: the page read
+    another run (or none) than the one the link was for."""
+    uid = "run+1&a=x#y"
+    path = _export(tmp_path / "odd.jsonl", {"uid": uid}, _outcome("failed"))
+    path.write_text(path.read_text().replace(UID, uid), encoding="utf-8")
+    assert main(["ingest", str(path)]) == 0
+    assert main(["dashboard", "--out", "site"]) == 0
+    pages = "".join(p.read_text(encoding="utf-8") for p in Path("site").glob("*.html"))
+    links = pages.split('href="compare.html?')[1:]
+    assert links and all(link.split('"')[0].endswith("b=run%2B1%26a%3Dx%23y") for link in links), links
