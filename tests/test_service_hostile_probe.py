@@ -1,7 +1,9 @@
 """Hostile input for the service, a further probe: each test is one finding.
 
 A test outcome no writer records (``FAILED``, ``weird``, empty) that ingest took and every judge then
-ignored, so the cell stayed green.
+ignored, so the cell stayed green; a time with an offset stored hours off; usage errors of two lines and
+an empty ``--db`` taken for the default store; a finished copy of a run whose changed rows were dropped;
+a run uid that broke the comparison links.
 """
 
 from __future__ import annotations
