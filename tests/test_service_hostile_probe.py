@@ -132,6 +132,18 @@ def test_an_empty_store_url_is_refused_not_taken_for_the_default(store, tmp_path
     assert store.read_bytes() == before and not (tmp_path / ".grace-matrix").exists()
 
 
+@pytest.mark.parametrize("url", ["javascript:alert(1)", "example.org/site", "file:///tmp/site", "https://"])
+def test_a_site_url_that_is_not_absolute_http_is_refused(store, tmp_path, capsys, url) -> None:
+    """``dashboard --base-url`` goes into every link of the Atom feed: a feed reader would follow a
+    ``javascript:`` or relative one."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["dashboard", "--out", str(tmp_path / "site"), "--base-url", url])
+    assert exited.value.code == 2
+    assert "argument --base-url: not an absolute http(s) URL" in one_error_line(capsys)
+    assert not (tmp_path / "site").exists()
+
+
 # -- 4. a finished copy of a run stored while it ran ---------------------------------------------------
 
 

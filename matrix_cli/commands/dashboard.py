@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,14 @@ def run_seed_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def site_url(text: str) -> str:
+    """``--base-url``'s value: empty, or an absolute http(s) URL (a feed reader follows its links)."""
+    parts = urllib.parse.urlsplit(text)
+    if text and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise argparse.ArgumentTypeError(f"not an absolute http(s) URL: {text!r}")
+    return text
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "dashboard",
@@ -115,8 +124,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--base-url",
         metavar="URL",
+        type=site_url,
         default="",
-        help="absolute URL the site is published at, for links in the Atom feed (default: relative links)",
+        help="absolute http(s) URL the site is published at, for links in the Atom feed (default: relative "
+        "links)",
     )
     paper = parser.add_mutually_exclusive_group()
     paper.add_argument(
