@@ -443,7 +443,7 @@ def build_site(
     regressions = []
     for cell in detected.cells:
         for i, r in enumerate(cell.regressions):
-            anchor = f"r-{cell.run.short_uid}-{i}"
+            anchor = f"r-{slug(cell.run.uid)}-{i}"  # a fragment, one per run whatever its uid holds
             page = (
                 slug(r.key.workload) if r.key.suite is Suite.PERFORMANCE and r.key.workload in pages else None
             )

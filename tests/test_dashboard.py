@@ -135,7 +135,7 @@ def test_seeded_regression_and_pi_failure_show_on_the_dashboard(
     seeded = demo[1]
     workload, mode = seeded.regression
     regressions = (out / "regressions.html").read_text()
-    row = re.search(rf'<tr id="r-{seeded.run_uid[:8]}-\d+" class="new">(.*?)</tr>', regressions, re.S)
+    row = re.search(rf'<tr id="r-{seeded.run_uid}-\d+" class="new">(.*?)</tr>', regressions, re.S)
     assert row is not None
     rows = re.findall(r'<tr id="r-[^"]+" class="(new|ongoing)">(.*?)</tr>', regressions, re.S)
     perf = [

@@ -9,6 +9,7 @@ a run uid that broke the comparison links.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,22 @@ def test_a_run_uid_reaches_the_comparison_link_encoded(store, tmp_path, capsys) 
     pages = "".join(p.read_text(encoding="utf-8") for p in Path("site").glob("*.html"))
     links = pages.split('href="compare.html?')[1:]
     assert links and all(link.split('"')[0].endswith("b=run%2B1%26a%3Dx%23y") for link in links), links
+
+
+def test_a_regressions_anchor_is_a_fragment_whatever_the_run_uid(store, tmp_path, capsys) -> None:
+    """A regression's anchor carried the run uid's characters as they were: a space or '#' in it broke
+    the index's links to the regression (escaped, so no injection, but a link to nowhere)."""
+    for uid, hour, outcome in (("base run#1", 10, "passed"), ("new run#2", 11, "failed")):
+        path = _export(
+            tmp_path / f"{hour}.jsonl", {"uid": uid, "started_at": f"2026-11-29T{hour}:00:00+00:00"}
+        )
+        rows = json.dumps({"run": uid, **_outcome(outcome)}) + "\n"
+        path.write_text(path.read_text().replace(UID, uid) + rows, encoding="utf-8")
+        assert main(["ingest", str(path)]) == 0
+    main(["dashboard", "--out", "site"])
+    page = (Path("site") / "regressions.html").read_text(encoding="utf-8")
+    anchors = re.findall(r'<tr id="([^"]*)"', page)
+    links = re.findall(r'href="regressions\.html#([^"]*)"', (Path("site") / "index.html").read_text())
+    assert anchors and links, "no regression: this test would check nothing"
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", a) for a in anchors + links), anchors + links
+    assert set(links) <= set(anchors)
