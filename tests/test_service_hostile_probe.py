@@ -204,3 +204,12 @@ def test_a_regressions_anchor_is_a_fragment_whatever_the_run_uid(store, tmp_path
     assert anchors and links, "no regression: this test would check nothing"
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", a) for a in anchors + links), anchors + links
     assert set(links) <= set(anchors)
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b""])
+def test_a_merge_source_that_is_no_store_is_said_as_a_source(store, tmp_path, capsys, content) -> None:
+    """The error for a bad merge source used to advise ``--db``, which names the store merged into."""
+    source = tmp_path / "source.sqlite"
+    source.write_bytes(content)
+    line = _refused(store, capsys, "merge", str(source))
+    assert "merge from" in line and "--db" not in line, line

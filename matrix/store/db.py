@@ -191,7 +191,7 @@ def open_store(url: str | None = None, access: StoreAccess = StoreAccess.CREATE)
         with engine.connect() as connection:
             current = _current_revision(connection)
             if access is not StoreAccess.CREATE and current is None and not _has_all_tables(connection):
-                raise StoreError(f"{display_url(url)} holds no grace-matrix store; check --db / {ENV_DB}")
+                raise StoreError(f"{display_url(url)} holds no grace-matrix store; {_remedy(access)}")
             if access is not StoreAccess.READ_ONLY:
                 _check_integrity(url, connection)
         if current != SCHEMA_VERSION:
@@ -209,7 +209,7 @@ def open_store(url: str | None = None, access: StoreAccess = StoreAccess.CREATE)
         raise
     except DatabaseError as exc:
         engine.dispose()
-        raise StoreError(_database_problem(url, exc)) from None
+        raise StoreError(_database_problem(url, exc, access)) from None
     return sessionmaker(engine, expire_on_commit=False)
 
 
@@ -311,15 +311,24 @@ def _upgrade_lock(engine: Engine, url: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _database_problem(url: str, exc: DatabaseError) -> str:
+def _remedy(access: StoreAccess) -> str:
+    """What to do about a store that cannot be used: a merge source is named on the command line."""
+    if access is StoreAccess.READ_ONLY:
+        return "name a grace-matrix store to merge from"
+    return f"check --db / {ENV_DB}"
+
+
+def _database_problem(url: str, exc: DatabaseError, access: StoreAccess = StoreAccess.CREATE) -> str:
     detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
     path = sqlite_path(url)
     if path is not None and ("not a database" in detail or "malformed" in detail):
+        if access is StoreAccess.READ_ONLY:
+            return f"merge source {path} is not a readable SQLite database ({detail}); {_remedy(access)}"
         return (
             f"store {path} is not a readable SQLite database ({detail}); move the file aside to start a "
             f"new store, or choose another with --db / {ENV_DB}"
         )
-    return f"cannot use store {display_url(url)}: {detail}; check --db / {ENV_DB}"
+    return f"cannot use store {display_url(url)}: {detail}; {_remedy(access)}"
 
 
 def describe_error(url: str, exc: SQLAlchemyError) -> str:
