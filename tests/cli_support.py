@@ -1,9 +1,13 @@
-"""Test support for the command line: what a failed command printed on stderr, and the run line of a
-hand-made export."""
+"""Test support for the command line: what a failed command printed on stderr, the run line of a
+hand-made export, and an empty store every command uses by default."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from matrix.store.db import open_store
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -31,3 +35,13 @@ def export_run_line(uid: str = "00000000-0000-0000-0000-000000000001", **cell: o
             **cell,
         },
     }
+
+
+def empty_store_in(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new empty store in ``folder``, the default of every command (GRACE_MATRIX_DB), run from
+    ``folder`` (no expected.toml, no matrix.toml: nothing but the store)."""
+    path = folder / "store.sqlite"
+    monkeypatch.setenv("GRACE_MATRIX_DB", f"sqlite:///{path}")
+    monkeypatch.chdir(folder)
+    open_store(f"sqlite:///{path}").kw["bind"].dispose()
+    return path

@@ -13,9 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_support import export_run_line, one_error_line
+from cli_support import empty_store_in, export_run_line, one_error_line
 
-from matrix.store.db import open_store
 from matrix_cli.main import main
 
 UID = "00000000-0000-0000-0000-0000000000bb"
@@ -23,11 +22,7 @@ UID = "00000000-0000-0000-0000-0000000000bb"
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "store.sqlite"
-    monkeypatch.setenv("GRACE_MATRIX_DB", f"sqlite:///{path}")
-    monkeypatch.chdir(tmp_path)  # no expected.toml, no matrix.toml: nothing but the store
-    open_store(f"sqlite:///{path}").kw["bind"].dispose()
-    return path
+    return empty_store_in(tmp_path, monkeypatch)
 
 
 def _export(path: Path, run: dict[str, object] | None = None, *rows: dict[str, object]) -> Path:
