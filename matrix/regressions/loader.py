@@ -112,6 +112,7 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
     checked = checked_columns(TestOutcome)
     outcome_column = cast(Table, TestOutcome.__table__).c.outcome
     written = choices(outcome_column)
+    read_columns = (*checked, outcome_column)
     outcomes = (
         select(
             TestOutcome.run_pk,
@@ -127,9 +128,7 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
     for run_pk, record_key, outcome, nodeid, message, *values in session.execute(outcomes):
         key = ResultKey(Suite.TESTS, record_key, TEST_MODE)
         read = (*values, read_choice(outcome, written))  # an outcome no writer records: unreadable
-        found[run_pk].append(
-            _observation(key, outcome, nodeid or record_key, message, (*checked, outcome_column), read)
-        )
+        found[run_pk].append(_observation(key, outcome, nodeid or record_key, message, read_columns, read))
     silent = (RunStatus.COMPLETE.value, RunStatus.RUNNING.value)  # no verdict of the run itself
     runs = select(Run.id, Run.status, Run.message).where(Run.id.in_(chunk), Run.status.not_in(silent))
     for run_pk, status, message in session.execute(runs):

@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Select, null, select
+from sqlalchemy import Select, null, select
 from sqlalchemy.orm import Session
 
 from matrix.store.db import StoreAccess, open_store
@@ -102,22 +102,26 @@ def _rows(session: Session, model: type[Base], run_pks: Collection[int] | None) 
         return
     table = model.__tablename__
     result = model in RESULT_TABLES
+    allowed = [(c.key, choices(c) if "choices" in c.info else None) for c in checked]  # once per table
     seen: set[int] = set()  # a cell or a workload of runs of several chunks
     for chunk in _chunks(run_pks):
         stmt = _select(model, result, checked, chunk)
         for pk, uid, record_key, *values in session.execute(stmt):
-            read = [(c.key, _as_read(c, value)) for c, value in zip(checked, values, strict=True)]
+            read = [
+                (name, _as_read(value, texts)) for (name, texts), value in zip(allowed, values, strict=True)
+            ]
             bad = tuple((name, value) for name, value in read if value is not None)
             if bad and pk not in seen:
                 seen.add(pk)
                 yield UnreadableRow(table, pk, uid, record_key, bad)
 
 
-def _as_read(column: Column[Any], value: object) -> Unreadable | None:
-    """The marker ``value`` of ``column`` reads as; None when it is readable."""
+def _as_read(value: object, texts: frozenset[str] | None) -> Unreadable | None:
+    """The marker a stored ``value`` reads as (``texts``: its column's choices, if it declares them); None
+    when it is readable."""
     if isinstance(value, Unreadable):
         return value
-    return read_choice(value, choices(column)) if "choices" in column.info else None
+    return read_choice(value, texts) if texts is not None else None
 
 
 def _select(model: type[Any], result: bool, checked: Sequence[Any], chunk: list[int] | None) -> Select[Any]:
