@@ -175,17 +175,6 @@ def time_steps(
     }
 
 
-def _replay_and_wait(runner: GraceRunner) -> Callable[[], None]:
-    graph = runner._recent.slot.graph if runner._recent is not None else None
-    assert graph is not None
-
-    def before() -> None:
-        graph.graph.replay()
-        torch.cuda.synchronize()
-
-    return before
-
-
 def run(rounds: int, calls: int, cold_rounds: int, cache_dir: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     rng = random.Random(0)
@@ -205,7 +194,12 @@ def run(rounds: int, calls: int, cold_rounds: int, cache_dir: str) -> dict[str, 
             results[name] = {
                 **facts(runner, steps),
                 **time_steps(runner, steps, rounds, n, rng, torch.cuda.synchronize),
-                "cold": time_cold(steps, cold_rounds, rng, _replay_and_wait(runner)),
+                "cold": time_cold(
+                    steps,
+                    cold_rounds,
+                    rng,
+                    lambda replay=steps["graph_replay"]: (replay(), torch.cuda.synchronize()),
+                ),
             }
     return results
 
