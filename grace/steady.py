@@ -102,7 +102,7 @@ class SteadyCall:
         generation = torch_compat.compiled_call_generation()
         if generation == family.last_generation:
             return MISS  # again within one compiled call: the general path decides
-        family.last_generation, family.last_writer = generation, id(graph)
+        family.note_replay(generation, id(graph))  # as CapturedGraph.note_replay: the graph owns its outputs
         record = self.record
         record.calls += 1
         record.graph_calls += 1
