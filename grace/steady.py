@@ -11,7 +11,9 @@ warm loop of it measures, and all of it comes before the launch, where a synchro
 Note: [The steady call]
 After a call through the runner's recent slot (grace.recent) replayed a graph, the runner builds a
 ``SteadyCall`` for that slot and graph, where the graph can take it: no input adapter, no
-``clone_outputs``, no input the graph writes, outputs autograd does not keep, a PI or copies variant.
+``clone_outputs``, outputs autograd does not keep, a PI or copies variant. A graph that writes an input
+it reads through a placeholder (a decode step's KV cache) takes it too: the variant's replay copies the
+written value back, as on the general path.
 Each later call asks it first, under the runner's lock. It answers ``MISS`` before doing anything
 unless the general path would do exactly a plain replay with nothing else:
 - one calling thread so far, this one (the runner releases the pools whose outputs died before it
@@ -69,7 +71,7 @@ class SteadyCall:
         graph, spec = slot.graph, slot.spec
         if slot.state is not SlotState.GRAPH or not isinstance(graph, CapturedGraph) or clone_outputs:
             return None
-        if graph.origin is not None or graph.mutated_indices or graph.family.for_autograd:
+        if graph.origin is not None or graph.family.for_autograd:
             return None
         if isinstance(spec, PISpec) and graph.pi_plan is not None:
             return cls(recent, graph, graph.run_with_pi)

@@ -27,6 +27,12 @@ def _fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x * 2 + w
 
 
+def _fn_writing(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Writes its dynamic input, as a decode step writes its KV cache."""
+    x.add_(w)
+    return x * 2
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
     stats.forget_all()
@@ -40,7 +46,10 @@ class _Setup:
     """A runner over ``_fn`` (input 0 dynamic, 1 static) with fake copies-graph captures, the compiled
     call's generation under the test's control and a count of the calls that took the general path."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, **options: Any) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, fn: Callable[..., torch.Tensor] = _fn, **options: Any
+    ) -> None:
+        self.fn, self.mutated = fn, (0,) if fn is _fn_writing else ()
         self.generation = 0
         self.general = 0
         monkeypatch.setattr(torch_compat, "compiled_call_generation", lambda: self.generation)
@@ -54,7 +63,7 @@ class _Setup:
                 device=CPU,
                 dynamic_indices=plan.dynamic_indices,
                 static_indices=plan.static_indices,
-                mutated_indices=(),
+                mutated_indices=self.mutated,
             )
 
         fakes.use_decide(monkeypatch, fakes.decides_graph(make, Variant.GRAPH_COPIES))
@@ -66,7 +75,7 @@ class _Setup:
 
         monkeypatch.setattr(grace.slot.GraphSlot, "run", counted)
         plan = RunnerPlan("h", CPU, static_indices=(1,), dynamic_indices=(0,), scalar_indices=())
-        self.runner = GraceRunner(_fn, plan, GraceOptions(**options), None)
+        self.runner = GraceRunner(fn, plan, GraceOptions(**options), None)
         self.w = torch.ones(4)
 
     def call(self, x: torch.Tensor, w: torch.Tensor | None = None, same_call: bool = False) -> None:
@@ -74,7 +83,10 @@ class _Setup:
         if not same_call:
             self.generation += 1
         w = self.w if w is None else w
-        torch.testing.assert_close(self.runner(x, w), _fn(x, w))
+        expected_x = x.clone()
+        expected = self.fn(expected_x, w)
+        torch.testing.assert_close(self.runner(x, w), expected)
+        torch.testing.assert_close(x, expected_x)  # what the call wrote into its input, too
 
     def steady(self) -> None:
         """Calls until the slot replays and the steady call is built; the general path's count reset."""
@@ -94,6 +106,21 @@ def test_steady_calls_replay_without_the_general_path(monkeypatch: pytest.Monkey
         setup.call(torch.full((4,), 10.0 + step))
     assert setup.general == 0
     assert (record.calls, record.graph_calls) == (before[0] + 5, before[1] + 5)
+
+
+def test_a_graph_writing_its_input_replays_steadily_and_writes_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The graph reads and writes its dynamic input through a placeholder: a steady call copies it in,
+    replays and copies the written value back, as the general path does; every call equals eager's,
+    the output and the input both."""
+    setup = _Setup(monkeypatch, fn=_fn_writing)
+    setup.steady()
+    graph = setup.runner._recent.slot.graph if setup.runner._recent is not None else None
+    assert graph is not None and graph.mutated_indices == (0,)
+    for step in range(5):
+        setup.call(torch.full((4,), 10.0 + step))
+    assert setup.general == 0
 
 
 def _second_thread(setup: _Setup) -> None:
