@@ -9,10 +9,10 @@ Design: an export is JSON lines. The first line is a header (``format``, ``versi
 revision it came from); then, per run, one ``run`` line carrying the run's fields and its cell's full
 fingerprint, followed by one line per result row naming its table and its fields. Rows refer to runs
 by ``uid`` and to workloads by (name, code hash), never by integer ids; every value is a named field.
-Ingest reads such lines inside one transaction of the caller: a run already present is matched by uid
-(and finished if the incoming copy finished it), a row already present by (run, record_key) is skipped,
-except in a run the incoming copy finished: there the finished copy's row replaces it (the recorder
-worsens a test's outcome while its run goes on).
+Ingest reads such lines (``matrix.exportlines``) inside one transaction of the caller: a run already
+present is matched by uid (and finished if the incoming copy finished it), a row already present by
+(run, record_key) is skipped, except in a run the incoming copy finished: there the finished copy's row
+replaces it (the recorder worsens a test's outcome while its run goes on).
 Merge is ingest fed directly from other stores' exports, all in one transaction; the sources are
 opened read-only.
 
@@ -29,7 +29,6 @@ import dataclasses
 import datetime as dt
 import json
 import logging
-import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO, cast
@@ -40,6 +39,7 @@ from tqdm import tqdm
 
 from matrix.errors import ConfigError, StoreError, TransferError
 from matrix.exportfields import LINKS, load_fields
+from matrix.exportlines import EXPORT_FORMAT, EXPORT_VERSION, check_header, read_jsonl
 from matrix.store.access import get_or_create, insert_ignoring_conflict
 from matrix.store.check import CHECK_COMMAND, find_unreadable
 from matrix.store.db import SCHEMA_VERSION, StoreAccess, display_url, open_store
@@ -59,9 +59,6 @@ from matrix.store.models import (
 )
 
 logger = logging.getLogger(__name__)
-
-EXPORT_FORMAT = "grace-matrix-export"
-EXPORT_VERSION = 1
 
 ResultModel = (
     type[TestOutcome]
@@ -177,118 +174,6 @@ def export_jsonl(
 
 
 # -- ingest ------------------------------------------------------------------------------------------
-
-
-def read_jsonl(
-    lines: Iterable[str] | Iterable[bytes], source: str = "<input>"
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Parse an export's lines into (location, item); the header is checked, then yielded too."""
-    first = True
-    for number, line in _numbered(lines, source):
-        where = f"{source}:{number}"
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line, parse_float=_finite_float, parse_constant=_not_finite)
-        except _NotFinite as exc:
-            raise TransferError(
-                f"{where}: {exc.args[0]} is not a finite number; an export holds finite numbers "
-                "(null for none)"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise TransferError(f"{where}: not a JSON line ({exc.msg})") from None
-        except RecursionError:
-            raise TransferError(f"{where}: JSON nested too deeply to be an export line") from None
-        except ValueError as exc:  # e.g. an integer literal longer than Python converts
-            raise TransferError(f"{where}: not a JSON line ({exc})") from None
-        if not isinstance(item, dict):
-            raise TransferError(f"{where}: expected a JSON object, got {type(item).__name__}")
-        if first:
-            check_header(item, where)
-            first = False
-        yield where, item
-    if first:
-        raise TransferError(f"{source}: empty file; expected a grace-matrix export")
-
-
-class _NotFinite(Exception):
-    """A number of a line that is no finite float: NaN, Infinity or a literal past a float's range."""
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotFinite(text)
-    return value
-
-
-def _not_finite(text: str) -> float:
-    raise _NotFinite(text)  # NaN, Infinity, -Infinity: Python's json reads them, JSON has none
-
-
-BOM = "\ufeff"  # UTF-8's byte-order mark, allowed at the start of an export (and dropped)
-MAX_LINE = 64 << 20  # an export line is tens of kilobytes; past this it is no export (or /dev/zero)
-
-
-def _bounded(lines: Iterable[str] | Iterable[bytes]) -> Iterator[str | bytes]:
-    """The lines of ``lines``; a file's read at most ``MAX_LINE + 1`` at a time, so that input without
-    line ends is never read whole."""
-    readline = getattr(lines, "readline", None)
-    if readline is None:
-        yield from lines
-        return
-    while line := readline(MAX_LINE + 1):
-        yield line
-
-
-def _numbered(lines: Iterable[str] | Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
-    """``enumerate(lines, 1)`` as text; lines may be bytes (a file opened in binary, which gives exact line
-    numbers), decoded here, a byte-order mark at the start dropped; a line that is not UTF-8 text, or
-    longer than ``MAX_LINE``, is a ``TransferError``."""
-    iterator = _bounded(lines)
-    number = 0
-    while True:
-        number += 1
-        try:
-            line = next(iterator)
-            if len(line) > MAX_LINE:
-                raise TransferError(
-                    f"{source}:{number}: a line of more than {MAX_LINE} bytes; not a grace-matrix export"
-                )
-            text = line.decode("utf-8") if isinstance(line, bytes) else str(line)
-            if number == 1:
-                text = text.removeprefix(BOM)  # written by some Windows editors and PowerShell
-        except StopIteration:
-            return
-        except UnicodeDecodeError as exc:
-            raise TransferError(
-                f"{source}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start}); an export is UTF-8 "
-                "JSON lines (re-encode a UTF-16 file, e.g. with iconv -f UTF-16 -t UTF-8)"
-            ) from None
-        yield number, text
-
-
-def check_header(item: dict[str, Any], where: str) -> None:
-    if item.get("format") != EXPORT_FORMAT:
-        raise TransferError(
-            f"{where}: not a grace-matrix export (first line must carry format={EXPORT_FORMAT!r})"
-        )
-    version = item.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise TransferError(f"{where}: export version {version!r} is not valid")
-    if version > EXPORT_VERSION:
-        raise TransferError(
-            f"{where}: export version {version} is newer than this grace-matrix reads ({EXPORT_VERSION}); "
-            "upgrade grace-matrix"
-        )
-    schema = item.get("schema")
-    if schema is not None and not (isinstance(schema, str) and schema.isdigit()):
-        raise TransferError(f"{where}: export schema {schema!r} is not valid (a store revision, '0002')")
-    if schema is not None and int(schema) > int(SCHEMA_VERSION):
-        raise TransferError(
-            f"{where}: export of a store at schema {schema}, newer than this grace-matrix knows "
-            f"({SCHEMA_VERSION}); upgrade grace-matrix"
-        )
 
 
 class Ingester:

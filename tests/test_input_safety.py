@@ -22,7 +22,7 @@ from sqlalchemy import select
 from store_content import fresh_database, pg_base_url
 
 from dashboards.site import slug
-from matrix import infiles, transfer
+from matrix import exportlines, infiles
 from matrix.cells import load_matrix, parse_matrix
 from matrix.errors import ConfigError
 from matrix.fingerprint import Environment
@@ -198,7 +198,7 @@ def test_an_export_line_without_end_is_read_only_up_to_the_limit(
 ) -> None:
     """A file with no line end (``/dev/zero``, a binary) is refused after ``MAX_LINE`` bytes, not read
     whole; the store is unchanged."""
-    monkeypatch.setattr(transfer, "MAX_LINE", 4096)
+    monkeypatch.setattr(exportlines, "MAX_LINE", 4096)
     path = tmp_path / "endless.jsonl"
     path.write_bytes(_header().encode() + b"\n" + b"\0" * 5000)
     before = Path(store.removeprefix("sqlite:///")).read_bytes()
