@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -187,6 +188,8 @@ class Ingester:
         self._workloads: dict[tuple[str, str], int] = {}
         self._fresh: set[str] = set()  # uids of the runs this ingester inserted
         self._finished: set[str] = set()  # uids of stored running runs this ingester finished
+        # per uid, the rows its latest run line brought: (table, record key) -> (digest, where)
+        self._copy: dict[str, dict[tuple[str, str], tuple[str, str]]] = {}
 
     def add(self, item: dict[str, Any], where: str) -> None:
         kind = item.get("type")
@@ -211,6 +214,7 @@ class Ingester:
         uid = values.get("uid")
         if not isinstance(uid, str) or not uid:
             raise TransferError(f"{where}: run line lacks its 'uid'")
+        self._copy[uid] = {}  # a new copy of the run (two exports concatenated): its rows start afresh
         existing = self.session.scalars(select(Run).where(Run.uid == uid)).first()
         if existing is None:
             cell = self._cell(cell_data, where)
@@ -257,6 +261,9 @@ class Ingester:
         missing = sorted(c.key for c in _columns(model) if _required(c) and c.key not in values)
         if missing:
             raise TransferError(f"{where}: {table} row lacks its {missing[0]!r}")
+        if self._repeated(uid, table, key, (values, workload), where):
+            self.stats.rows_present[table] += 1
+            return
         present = self._present_keys(uid, table, model)
         if key in present and uid not in self._finished:
             self.stats.rows_present[table] += 1
@@ -276,6 +283,19 @@ class Ingester:
             self.stats.rows_present[table] += 1  # a concurrent ingest of the same run added it
             return
         self.stats.rows_added[table] += 1
+
+    def _repeated(self, uid: str, table: str, key: str, row: object, where: str) -> bool:
+        """Whether this copy of run ``uid`` already brought the row ``key`` of ``table``, as it is now;
+        a ``TransferError`` when it brought a different one (a copy holds each record once: keeping either
+        would hide the other, a failed test stored as passed)."""
+        digest = hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()
+        earlier = self._copy[uid].setdefault((table, key), (digest, where))
+        if earlier[0] == digest:
+            return earlier[1] != where
+        raise TransferError(
+            f"{where}: {table} row {key!r} of run {uid} differs from the one at {earlier[1]}; a run's "
+            "export holds each record once: repair the file or export the run again"
+        )
 
     def _replace(self, model: ResultModel, values: dict[str, Any]) -> bool:
         """Give the stored row of ``values``' run and record key the fields of ``values`` (the finished

@@ -1,0 +1,69 @@
+"""Hostile input for the service, a second probe: each test is one finding.
+
+One export holding two different rows for one record of a run, of which ingest silently kept the first
+(a failed test stored as passed, the cell green).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_support import empty_store_in, export_run_line, one_error_line
+
+from matrix_cli.main import main
+
+UID = "00000000-0000-0000-0000-0000000000dd"
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return empty_store_in(tmp_path, monkeypatch)
+
+
+def _export(path: Path, run: dict[str, object] | None = None, *rows: dict[str, object]) -> Path:
+    header = {"format": "grace-matrix-export", "version": 1, "schema": "0002"}
+    items = [header, {**export_run_line(UID), **(run or {})}, *({"run": UID, **row} for row in rows)]
+    path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    return path
+
+
+def _outcome(outcome: str, key: str = "suites/test_a.py::test_a") -> dict[str, object]:
+    return {"type": "test_outcomes", "record_key": key, "nodeid": key, "outcome": outcome}
+
+
+# -- 1. two different rows for one record in one export ------------------------------------------------
+
+
+def test_an_export_with_two_different_rows_for_one_record_is_refused(store, tmp_path, capsys) -> None:
+    """The second row was counted 'already present' and dropped: the failed copy of the test was lost
+    and the cell was green."""
+    path = _export(tmp_path / "twice.jsonl", None, _outcome("passed"), _outcome("failed"))
+    before = store.read_bytes()
+    capsys.readouterr()
+    assert main(["ingest", str(path)]) == 2
+    line = one_error_line(capsys)
+    assert f"{path}:4: test_outcomes row 'suites/test_a.py::test_a' of run {UID}" in line
+    assert f"differs from the one at {path}:3" in line
+    assert store.read_bytes() == before
+
+
+def test_an_export_repeating_a_row_as_it_is_is_ingested_once(store, tmp_path, capsys) -> None:
+    path = _export(tmp_path / "same.jsonl", None, _outcome("failed"), _outcome("failed"))
+    assert main(["ingest", "--json", str(path)]) == 0
+    stats = json.loads(capsys.readouterr().out)[str(path)]
+    assert stats["rows_added"] == {"test_outcomes": 1} and stats["rows_present"] == {"test_outcomes": 1}
+
+
+def test_two_copies_of_a_run_in_one_file_are_still_its_copies(store, tmp_path, capsys) -> None:
+    """A running copy followed by the finished one (two exports concatenated): the finished copy's rows
+    replace the running copy's, as when they are ingested one after the other."""
+    running = _export(tmp_path / "a.jsonl", {"status": "running"}, _outcome("passed"))
+    done = _export(tmp_path / "b.jsonl", None, _outcome("error"))
+    both = tmp_path / "both.jsonl"
+    both.write_text(running.read_text() + done.read_text(), encoding="utf-8")
+    assert main(["ingest", str(both)]) == 0
+    capsys.readouterr()
+    assert main(["summary", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["outcomes"] == {"error": 1}
