@@ -142,6 +142,12 @@ def _run_file(run: RunInfo) -> str:
     return f"run-{slug(run.uid)}.js"
 
 
+def _pair_file(base: RunInfo, run: RunInfo) -> str:
+    """The comparison page of ``base`` and ``run``: one per pair of full uids (slug is injective, and so
+    is the JSON of the pair; two pairs whose uids share their short forms get two pages)."""
+    return f"{slug(json.dumps([base.uid, run.uid]))}.html"
+
+
 def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -271,7 +277,7 @@ def _render_into(site: Site, root: Path, base_url: str) -> list[Path]:
     page("runs.html", "runs.html", digests=newest_first, previous=_previous(site.runs))
     pairs = []
     for base, run, comparison in site.pairs:
-        name = f"{slug(base.short_uid)}-{slug(run.short_uid)}.html"
+        name = _pair_file(base, run)
         rows = _pair_rows(site, base, run, comparison)
         page(
             f"compare/{name}",

@@ -1,12 +1,14 @@
 """Hostile input for the service, a second probe: each test is one finding.
 
 One export holding two different rows for one record of a run, of which ingest silently kept the first
-(a failed test stored as passed, the cell green).
+(a failed test stored as passed, the cell green); two cells whose runs' uids share their first eight
+characters, which shared one comparison page (the second written over the first).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,27 @@ def test_two_copies_of_a_run_in_one_file_are_still_its_copies(store, tmp_path, c
     capsys.readouterr()
     assert main(["summary", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["outcomes"] == {"error": 1}
+
+
+# -- 2. run uids that share their first characters --------------------------------------------------
+
+
+def test_each_cell_has_its_own_comparison_page_whatever_its_run_uids(store, tmp_path, capsys) -> None:
+    """A comparison page was named by the first eight characters of its two runs' uids: two cells whose
+    runs' uids share them (``nightly-...``) got one page, the second cell's comparison written over the
+    first's, and both links on compare.html opened it."""
+    for cell in ("torch-2.11", "torch-2.13"):
+        for hour in (10, 11):
+            uid = f"nightly-{hour}-{cell}"
+            path = _export(tmp_path / f"{uid}.jsonl", {"started_at": f"2026-11-29T{hour}:00:00+00:00"})
+            run = {**export_run_line(uid, cell_id=cell, fingerprint=cell[-1] * 64)}
+            run["started_at"] = f"2026-11-29T{hour}:00:00+00:00"
+            header, _ = path.read_text().splitlines()
+            path.write_text(f"{header}\n{json.dumps(run)}\n", encoding="utf-8")
+            assert main(["ingest", str(path)]) == 0
+    assert main(["dashboard", "--out", "site"]) == 0
+    page = (Path("site") / "compare.html").read_text(encoding="utf-8")
+    links = sorted(set(re.findall(r'href="(compare/[^"]+)"', page)))
+    assert len(links) == 2, links
+    for link, cell in zip(links, ("torch-2.11", "torch-2.13"), strict=True):
+        assert f"nightly-11-{cell}" in (Path("site") / link).read_text(encoding="utf-8"), link
