@@ -119,12 +119,13 @@ class GridRow:
     @property
     def outcomes_state(self) -> str:
         """The pytest column's colour: the tests suite's verdicts where it has any; else warn for failed
-        tests whose own records carry their verdicts; else ok, or none without outcomes."""
+        tests whose own records carry their verdicts; else ok where a test passed, or none (only skips,
+        or no outcomes: neutral, as a suite's column with only skips)."""
         if self.tests is not None and self.tests.counts:
             return self.tests.state
         if any(self.outcomes.get(o) for o in TEST_FAILURES):
             return "warn"
-        return "ok" if self.outcomes else "none"
+        return "ok" if self.outcomes.get(ResultStatus.PASSED.value) else "none"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 One export holding two different rows for one record of a run, of which ingest silently kept the first
 (a failed test stored as passed, the cell green); two cells whose runs' uids share their first eight
-characters, which shared one comparison page (the second written over the first).
+characters, which shared one comparison page (the second written over the first); a run whose every
+test was skipped, green in the grid's pytest column.
 """
 
 from __future__ import annotations
@@ -93,3 +94,16 @@ def test_each_cell_has_its_own_comparison_page_whatever_its_run_uids(store, tmp_
     assert len(links) == 2, links
     for link, cell in zip(links, ("torch-2.11", "torch-2.13"), strict=True):
         assert f"nightly-11-{cell}" in (Path("site") / link).read_text(encoding="utf-8"), link
+
+
+# -- 3. a run whose every test was skipped -----------------------------------------------------------
+
+
+def test_a_run_whose_every_test_was_skipped_is_not_green(store, tmp_path, capsys) -> None:
+    """The grid's pytest column was green for a run whose tests were all skipped (nothing passed); a skip
+    is neutral, grey, as in the suites' columns beside it."""
+    path = _export(tmp_path / "skipped.jsonl", None, _outcome("skipped"), _outcome("skipped", "t::b"))
+    assert main(["ingest", str(path)]) == 0
+    assert main(["dashboard", "--out", "site"]) == 0
+    row = (Path("site") / "index.html").read_text(encoding="utf-8").split("<tr id=")[1]
+    assert '<td class="none">2 skipped</td>' in row, row
