@@ -33,6 +33,7 @@ for its task; every mode a metric names is one of the suites' modes; a value is 
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -230,8 +231,9 @@ def _entries(data: Mapping[str, Any], key: str, path: Path) -> list[tuple[dict[s
 
 def parse_paper(data: Mapping[str, Any], path: Path) -> Paper:
     """A ``Paper`` from the parsed TOML of ``path`` (named in every error)."""
-    if data.get("format") != FORMAT:
-        raise PaperError(f"{path}: 'format' must be {FORMAT}, not {data.get('format')!r}")
+    fmt = data.get("format")
+    if type(fmt) is not int or fmt != FORMAT:  # TOML's true and 1.0 are equal to 1 in Python
+        raise PaperError(f"{path}: 'format' must be {FORMAT}, not {json.dumps(fmt, default=str)}")
     source = _table(data.get("paper"), f"{path} [paper]")
     keys = ("title", "arxiv", "version", "hardware", "software")
     paper_source = Source(*(_text(source, k, f"{path} [paper]") for k in keys))

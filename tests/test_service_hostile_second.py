@@ -3,7 +3,8 @@
 One export holding two different rows for one record of a run, of which ingest silently kept the first
 (a failed test stored as passed, the cell green); two cells whose runs' uids share their first eight
 characters, which shared one comparison page (the second written over the first); a run whose every
-test was skipped, green in the grid's pytest column.
+test was skipped, green in the grid's pytest column; a configuration file whose ``format`` is no version
+(``true``, ``0``, ``1.0``) read as version 1 or called newer.
 """
 
 from __future__ import annotations
@@ -107,3 +108,33 @@ def test_a_run_whose_every_test_was_skipped_is_not_green(store, tmp_path, capsys
     assert main(["dashboard", "--out", "site"]) == 0
     row = (Path("site") / "index.html").read_text(encoding="utf-8").split("<tr id=")[1]
     assert '<td class="none">2 skipped</td>' in row, row
+
+
+# -- 4. a configuration file's format that is no version ------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["true", "0", "-1", "1.0", '"1"'])
+@pytest.mark.parametrize("option", ["--expected", "--thresholds"])
+def test_a_config_format_that_is_no_version_is_refused(store, tmp_path, capsys, option, value) -> None:
+    """``format = true`` (TOML's boolean is Python's 1) and ``format = 0`` were read as version 1, and
+    ``format = 1.0`` was called newer than this reader."""
+    config = tmp_path / "config.toml"
+    config.write_text(f"format = {value}\n", encoding="utf-8")
+    before = store.read_bytes()
+    capsys.readouterr()
+    assert main(["regressions", option, str(config)]) == 2
+    line = one_error_line(capsys)
+    assert f"{config}: format {value} is not a format version; expected 1" in line
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("value", ["true", "1.0"])
+def test_a_paper_format_that_is_no_version_is_refused(store, tmp_path, capsys, value) -> None:
+    """The paper's figures took ``format = true`` and ``format = 1.0`` for version 1 (both equal 1)."""
+    shipped = (Path(__file__).resolve().parents[1] / "matrix" / "paper.toml").read_text(encoding="utf-8")
+    paper = tmp_path / "paper.toml"
+    paper.write_text(re.sub(r"(?m)^format = 1$", f"format = {value}", shipped), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["dashboard", "--out", "site", "--paper", str(paper)]) == 2
+    assert f"{paper}: 'format' must be 1, not {value}" in one_error_line(capsys)
+    assert not Path("site").exists()

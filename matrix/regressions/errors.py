@@ -6,6 +6,7 @@ be found), 2 for a configuration error (a bad thresholds or expected-status file
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,3 +40,16 @@ def read_config_toml(path: Path, what: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RegressionsConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def check_format(fmt: object, current: int, source: str) -> None:
+    """Refuse a file's ``format`` that is no version (a boolean, which Python takes for 1, zero, text, a
+    float) or a version newer than ``current``, the one this reader reads."""
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
+        raise RegressionsConfigError(
+            f"{source}: format {json.dumps(fmt, default=str)} is not a format version; expected {current}"
+        )
+    if fmt > current:
+        raise RegressionsConfigError(
+            f"{source}: format {fmt} is newer than this reader ({current}); upgrade grace-matrix"
+        )

@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from matrix.regressions.errors import RegressionsConfigError, read_config_toml
+from matrix.regressions.errors import RegressionsConfigError, check_format, read_config_toml
 from matrix.regressions.observations import PASSING_STATUS, TEST_FAILURES, TEST_MODE, Suite
 from matrix.regressions.status import Expectation
 from matrix.store.models import ExpectedStatus, RunStatus
@@ -89,10 +89,7 @@ def expectations_from_mapping(data: Mapping[str, Any], source: str = "<expected>
     fmt = data.get("format")
     if fmt is None:
         raise RegressionsConfigError(f"{source}: missing 'format = {EXPECTED_FORMAT}' at the top of the file")
-    if not isinstance(fmt, int) or fmt > EXPECTED_FORMAT:
-        raise RegressionsConfigError(
-            f"{source}: format {fmt!r} is newer than this reader ({EXPECTED_FORMAT}); upgrade grace-matrix"
-        )
+    check_format(fmt, EXPECTED_FORMAT, source)
     unknown = sorted(set(data) - {"format", "expected"})
     if unknown:
         raise RegressionsConfigError(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from matrix.regressions.errors import RegressionsConfigError, read_config_toml
+from matrix.regressions.errors import RegressionsConfigError, check_format, read_config_toml
 
 THRESHOLDS_FORMAT = 1
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "thresholds.toml"
@@ -144,10 +144,7 @@ def _validate(thresholds: Thresholds, source: str) -> None:
 def thresholds_from_mapping(data: Mapping[str, Any], source: str = "<thresholds>") -> Thresholds:
     """Parse an already-decoded TOML document (see ``load_thresholds``)."""
     fmt = data.get("format", THRESHOLDS_FORMAT)
-    if not isinstance(fmt, int) or fmt > THRESHOLDS_FORMAT:
-        raise RegressionsConfigError(
-            f"{source}: format {fmt!r} is newer than this reader ({THRESHOLDS_FORMAT}); upgrade grace-matrix"
-        )
+    check_format(fmt, THRESHOLDS_FORMAT, source)
     sections = {"status", "pairwise", "history", "repro"}
     unknown = sorted(set(data) - sections - {"format"})
     if unknown:
