@@ -18,6 +18,11 @@
 #   layers      scripts/gpu/host_layers.py (a captured call's host time layer by layer, against a raw replay)
 #   steps       scripts/gpu/runner_steps.py (each step of a steady runner call timed on its own)
 #   timeline    scripts/gpu/call_timeline.py $GRACE_TIMELINE_ARGS (a synchronised call's device timeline)
+#   harness     scripts/gpu/harness.py $GRACE_HARNESS_ARGS (PyTorch's dynamo benchmark harness, the copy
+#               at $GRACE_HARNESS_DIR, default .carry/harness/torch-<major.minor>: each model, mode
+#               and backend in its own process with a time limit, the harness's CSVs and logs under
+#               harness/; default DistillGPT2 and MobileBertForMaskedLM, --accuracy --inference and
+#               --accuracy --training --amp, grace and inductor)
 #   suites      scripts/gpu/run_suites.sh with the arguments after --
 #   head        the next part of the head run at $GRACE_MATRIX_GIT_SHA (a full commit id): what
 #               scripts/gpu/head_plan.py finds missing in the exports under results/head/ (or
@@ -117,6 +122,10 @@ for spec in "${STEPS[@]}"; do
       # shellcheck disable=SC2086  # GRACE_TIMELINE_ARGS holds several words on purpose
       timeout -s INT -k 20 "$limit" python scripts/gpu/call_timeline.py --out "$OUT/timeline" \
         ${GRACE_TIMELINE_ARGS:-} ;;
+    harness)
+      # shellcheck disable=SC2086  # GRACE_HARNESS_ARGS holds several words on purpose
+      timeout -s INT -k 20 "$limit" python scripts/gpu/harness.py --out "$OUT/harness" \
+        --deadline-s "$((limit > 600 ? limit - 300 : limit / 2))" ${GRACE_HARNESS_ARGS:-} ;;
     suites)
       OUT="$OUT" bash scripts/gpu/run_suites.sh "${SUITE_ARGS[@]}" ;;
     head)
