@@ -176,9 +176,13 @@ def run_one(run: Run, argv: list[str], out: Path, env: dict[str, str], limit_s: 
         try:
             code: int | None = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
+            code = None
+        except BaseException:  # the step's own time limit (SIGINT): its own session would outlive us
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        if code is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            code = None
     row = csv_row(out / run.csv_name, run.model)
     return {
         **asdict(run),
