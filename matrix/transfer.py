@@ -12,7 +12,9 @@ by ``uid`` and to workloads by (name, code hash), never by integer ids; every va
 Ingest reads such lines (``matrix.exportlines``) inside one transaction of the caller: a run already
 present is matched by uid (and finished if the incoming copy finished it), a row already present by
 (run, record_key) is skipped, except in a run the incoming copy finished: there the finished copy's row
-replaces it (the recorder worsens a test's outcome while its run goes on).
+replaces it (the recorder worsens a test's outcome while its run goes on). A run stored finished never
+changes: a finished copy bringing a row of it with other values is refused (keeping either would hide
+the other); a running copy of it is older than what is stored, and its rows are skipped.
 Merge is ingest fed directly from other stores' exports, all in one transaction; the sources are
 opened read-only.
 
@@ -34,7 +36,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO, cast
 
-from sqlalchemy import Column, Table, select
+from sqlalchemy import Column, Table, TypeDecorator, select
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 
@@ -188,6 +190,8 @@ class Ingester:
         self._workloads: dict[tuple[str, str], int] = {}
         self._fresh: set[str] = set()  # uids of the runs this ingester inserted
         self._finished: set[str] = set()  # uids of stored running runs this ingester finished
+        self._settled: set[str] = set()  # uids of runs stored finished, their latest copy finished too
+        self._stored: dict[tuple[str, str], dict[str, Any]] = {}  # (uid, table) -> record key -> row
         # per uid, the rows its latest run line brought: (table, record key) -> (digest, where)
         self._copy: dict[str, dict[tuple[str, str], tuple[str, str]]] = {}
 
@@ -233,6 +237,8 @@ class Ingester:
             self._finished.add(uid)
         else:
             self.stats.runs_present += 1
+            finished = RunStatus.RUNNING.value not in (existing.status, values.get("status"))
+            (self._settled.add if finished else self._settled.discard)(uid)  # a running copy is older
 
     def _cell(self, data: dict[str, Any], where: str) -> Cell:
         values = load_fields(data, Cell, where + " (cell)")
@@ -265,13 +271,17 @@ class Ingester:
             self.stats.rows_present[table] += 1
             return
         present = self._present_keys(uid, table, model)
-        if key in present and uid not in self._finished:
+        if key in present and uid not in self._finished and uid not in self._settled:
             self.stats.rows_present[table] += 1
             return
         if "workload_pk" in model.__table__.columns:
             if not isinstance(workload, dict):
                 raise TransferError(f"{where}: {table} row lacks its 'workload'")
             values["workload_pk"] = self._workload(workload, where)
+        if key in present and uid in self._settled:
+            self._check_unchanged(model, uid, key, values, where)
+            self.stats.rows_present[table] += 1
+            return
         values["run_pk"] = self._runs[uid]
         if key in present:  # of a run this ingest finished
             (self.stats.rows_updated if self._replace(model, values) else self.stats.rows_present)[table] += 1
@@ -307,6 +317,30 @@ class Ingester:
         for name, value in changed.items():
             setattr(row, name, value)
         return bool(changed)
+
+    def _check_unchanged(
+        self, model: ResultModel, uid: str, key: str, values: dict[str, Any], where: str
+    ) -> None:
+        """A ``TransferError`` unless the stored row ``key`` of finished run ``uid`` has ``values`` (as the
+        store would write them: text cleaned, times in UTC); the run's rows are read once per table."""
+        table = model.__tablename__
+        rows = self._stored.get((uid, table))
+        if rows is None:
+            found = self.session.execute(
+                select(model.record_key, model).where(model.run_pk == self._runs[uid])
+            )
+            rows = self._stored[(uid, table)] = {record: row for record, row in found}
+        row, columns = rows[key], model.__table__.columns
+        dialect = self.session.get_bind().dialect
+        for name, value in values.items():
+            kind = columns[name].type
+            if value is not None and isinstance(kind, TypeDecorator):
+                value = kind.process_bind_param(value, dialect)
+            if not _same(getattr(row, name), value):
+                raise TransferError(
+                    f"{where}: {table} row {key!r} of run {uid} differs from the stored one in {name!r}; "
+                    "a finished run's rows never change: ingest the export its store writes now"
+                )
 
     def _present_keys(self, uid: str, table: str, model: ResultModel) -> set[str]:
         if (uid, table) not in self._present:

@@ -4,7 +4,8 @@ One export holding two different rows for one record of a run, of which ingest s
 (a failed test stored as passed, the cell green); two cells whose runs' uids share their first eight
 characters, which shared one comparison page (the second written over the first); a run whose every
 test was skipped, green in the grid's pytest column; a configuration file whose ``format`` is no version
-(``true``, ``0``, ``1.0``) read as version 1 or called newer.
+(``true``, ``0``, ``1.0``) read as version 1 or called newer; a finished run's row brought again with
+other values, counted 'already present' and dropped.
 """
 
 from __future__ import annotations
@@ -138,3 +139,35 @@ def test_a_paper_format_that_is_no_version_is_refused(store, tmp_path, capsys, v
     assert main(["dashboard", "--out", "site", "--paper", str(paper)]) == 2
     assert f"{paper}: 'format' must be 1, not {value}" in one_error_line(capsys)
     assert not Path("site").exists()
+
+
+# -- 5. a finished run's row brought again with other values -------------------------------------------
+
+
+def test_a_finished_runs_row_brought_again_with_other_values_is_refused(store, tmp_path, capsys) -> None:
+    """The stored row was kept and the other counted 'already present': a file saying the test failed
+    left the stored run saying it passed, silently."""
+    assert main(["ingest", str(_export(tmp_path / "a.jsonl", None, _outcome("passed")))]) == 0
+    changed = _export(tmp_path / "b.jsonl", None, _outcome("failed"))
+    capsys.readouterr()
+    assert main(["ingest", str(changed)]) == 2
+    line = one_error_line(capsys)
+    assert f"{changed}:3: test_outcomes row 'suites/test_a.py::test_a' of run {UID}" in line
+    assert "differs from the stored one in 'outcome'" in line
+    assert main(["summary", "--json"]) == 0  # the stored run as it was
+    assert json.loads(capsys.readouterr().out)[0]["outcomes"] == {"passed": 1}
+
+
+def test_a_finished_run_ingested_again_as_it_is_changes_nothing(store, tmp_path, capsys) -> None:
+    """Text the store cleans on the way in (a NUL) and a time with an offset compare as the store wrote
+    them, so the same export ingests again as 'already present'."""
+    path = _export(
+        tmp_path / "a.jsonl",
+        {"started_at": "2026-01-02T03:04:05+02:00"},
+        {**_outcome("failed"), "message": "bad\x00 value"},
+    )
+    assert main(["ingest", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["ingest", "--json", str(path)]) == 0
+    stats = json.loads(capsys.readouterr().out)[str(path)]
+    assert stats["rows_present"] == {"test_outcomes": 1} and not stats["rows_added"]
