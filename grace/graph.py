@@ -28,7 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,9 +247,9 @@ class CapturedGraph:
 
     # --- replay -------------------------------------------------------------------------------
 
-    def forget_placeholders(self) -> None:
-        """Drop the placeholders (``Bindings.forget_placeholders``)."""
-        self.bindings.forget_placeholders()
+    def forget_placeholders(self, keep: Collection[int] = ()) -> None:
+        """Drop the placeholders but those of ``keep`` (``Bindings.forget_placeholders``)."""
+        self.bindings.forget_placeholders(keep)
 
     def own_placeholders(self) -> dict[int, int]:
         """Give a graph captured on the caller's inputs placeholders of its own; returns their addresses."""
@@ -299,7 +299,7 @@ class CapturedGraph:
         if not ordered:  # before the table update: a replay in flight elsewhere may still read it
             self.order_streams()
         copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
-        if copied and self.borrowed:
+        if copied and self.bindings.lacks_placeholder(copied):
             plan.rebase_placeholders(self.own_placeholders())
             copied = plan.uncovered_indices if plan.update(args) else self.copy_indices
         if copied:  # (an empty copy still costs a dispatch)

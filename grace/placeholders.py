@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,16 +191,19 @@ class Bindings:
         self.layouts = {}
         return {i: int(p.data_ptr()) for i, p in made.items()}
 
-    def forget_placeholders(self) -> None:
-        """Drop the placeholders and keep their layouts, as a graph captured on the caller's inputs
-        does (it gets new ones from ``own_placeholders`` when a call first needs one). Only for a graph
-        that reads no placeholder: PI points every read elsewhere (Note: [Placeholders PI serves] in
+    def forget_placeholders(self, keep: Collection[int] = ()) -> None:
+        """Drop the placeholders but those of ``keep`` and keep their layouts, as a graph captured on the
+        caller's inputs does (it gets new ones from ``own_placeholders`` when a call first needs one).
+        Only for inputs the graph reads through PI's table alone (Note: [Placeholders PI serves] in
         grace.variants)."""
-        if not self.placeholders:
-            return
-        self.layouts.update({i: _layout(p) for i, p in self.placeholders.items()})
-        self.placeholders = {}
-        self.dense = {}
+        dropped = [i for i in self.placeholders if i not in keep]
+        for i in dropped:
+            self.layouts[i] = _layout(self.placeholders.pop(i))
+            del self.dense[i]
+
+    def lacks_placeholder(self, indices: Sequence[int]) -> bool:
+        """Whether one of ``indices`` has no placeholder now (a call must give the graph its own first)."""
+        return bool(self.layouts) and not self.layouts.keys().isdisjoint(indices)
 
     def copy_in(self, args: Sequence[Any], indices: Sequence[int]) -> None:
         dense = self.dense

@@ -250,20 +250,24 @@ class PISpec(VariantSpec):
     def settle(self, graph: CapturedGraph) -> None:
         """Note: [Placeholders PI serves]
         A PI graph captured with placeholders (the copies graph's, shared in the deciding call) keeps
-        them only for the inputs its table cannot point elsewhere. When its plan serves every dynamic
-        input, no node of the graph reads a placeholder: each replay reads the caller's tensors through
-        the table. Such a graph drops its placeholders once bound, keeping their layouts, and is from
-        then on what a graph captured on the caller's inputs is (``CapturedGraph.borrowed``): a call
-        whose input PI cannot serve (a misaligned address) first gives it placeholders of its own and
+        them only for the inputs its table cannot point elsewhere. No node of the graph reads the
+        placeholder of an input the plan serves: each replay reads the caller's tensor through the
+        table. So once bound the graph drops the placeholders of every input its plan's last update
+        served, keeping their layouts, and for those inputs is from then on what a graph captured on
+        the caller's inputs is (``CapturedGraph.borrowed``); the inputs the plan does not serve keep
+        theirs and are copied into them on every call. A call that leaves an input without a
+        placeholder unserved (a misaligned address) first gives the graph placeholders of its own and
         points the plan at them (``CapturedGraph.run_with_pi``). This matters where the dynamic inputs
         are large: a training backward's are the saved tensors, whose placeholders doubled what its
-        step kept allocated. Invariant: a graph never replays reading a placeholder it dropped, since
-        it drops them only while the plan's last update left no input uncovered, and any later update
-        that does leaves it new placeholders before the replay."""
+        step kept allocated, and one small input the table cannot serve (a mask a vendor kernel reads)
+        had kept all of them. A graph that writes an input keeps every placeholder (the deciding call's
+        restores and the copy back read them). Invariant: a graph never replays reading a placeholder
+        it dropped, since it drops only those of inputs its plan's last update served, and any later
+        update that leaves one of them unserved gives it a new one before the replay."""
         plan = graph.pi_plan
-        if plan is None or not graph.placeholders or plan.uncovered_indices or graph.mutated_indices:
+        if plan is None or graph.mutated_indices:
             return
-        graph.forget_placeholders()
+        graph.forget_placeholders(keep=frozenset(plan.uncovered_indices))
 
     def _uncovered(self, graph: CapturedGraph) -> list[int] | None:
         if graph.pi_plan is None:

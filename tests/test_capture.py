@@ -91,18 +91,19 @@ def test_borrowing_needs_cuda_tensors_and_reads_one_input_per_storage_in_place()
 
 
 class _CopyingPlan(PlanDefaults):
-    """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies input 1 (an alignment
-    fallback): ``update`` says so through ``uncovered_indices``."""
+    """A PI plan that serves input 0 and, from ``copy_from`` calls on, copies the inputs of ``uncover``
+    (input 1 unless changed: an alignment fallback): ``update`` says so through ``uncovered_indices``."""
 
     def __init__(self, copy_from: int) -> None:
         self.calls = 0
         self.copy_from = copy_from
+        self.uncover: tuple[int, ...] = (1,)
         self.rebased: list[dict[int, int]] = []
         self.uncovered_indices: tuple[int, ...] = ()
 
     def update(self, inputs: Any) -> bool:
         self.calls += 1
-        self.uncovered_indices = (1,) if self.calls >= self.copy_from else ()
+        self.uncovered_indices = self.uncover if self.calls >= self.copy_from else ()
         return True
 
     def rebase_placeholders(self, addresses: dict[int, int]) -> None:
@@ -222,8 +223,9 @@ def test_clone_outputs_copies_the_pools_outputs_and_returns_views_of_inputs_as_v
 
 def test_a_graph_borrowing_some_inputs_keeps_placeholders_for_the_rest_only() -> None:
     """Two inputs viewing one tensor: the first is read in place, the second from a placeholder of the
-    graph's own; a call that needs copies gives placeholders to the borrowed input only, and the plan
-    is pointed at those alone; a graph PI serves wholly drops every placeholder and keeps layouts."""
+    graph's own; a call that copies the second uses its placeholder and makes none for the first (PI
+    serves it); a call that copies the first gives it a placeholder, and the plan is pointed at that one
+    alone; a graph PI serves wholly drops every placeholder and keeps layouts."""
     shared = torch.zeros(6)
     own = torch.zeros(3)  # the placeholder of input 1 (it views input 0's storage)
     capture_args = [shared[:3], own]
@@ -234,6 +236,10 @@ def test_a_graph_borrowing_some_inputs_keeps_placeholders_for_the_rest_only() ->
     graph.run_with_pi(first, clone=False)
     assert plan.rebased == [] and set(graph.placeholders) == {1}
     later = [torch.full((6,), 2.0)[:3], torch.full((6,), 5.0)[3:]]
+    graph.run_with_pi(later, clone=False)
+    assert plan.rebased == [] and set(graph.placeholders) == {1} and graph.borrowed
+    torch.testing.assert_close(own, later[1])  # input 1 (uncovered) copied into its own placeholder
+    plan.uncover = (0, 1)
     graph.run_with_pi(later, clone=False)
     (rebased,) = plan.rebased
     assert set(rebased) == {0} and rebased[0] == graph.placeholders[0].data_ptr()  # the new one alone

@@ -25,8 +25,9 @@ from grace.scg import Variant
 
 
 class FailingPlan(FakePlan):
-    """A plan that serves every input unless ``failing`` is set: then ``update`` returns False and
-    there is no table, so the fake replay reads the graph's placeholders (``test_decide._reads``)."""
+    """A plan that serves every input but the ``uncovered`` ones (read from their placeholders at
+    capture) unless ``failing`` is set: then ``update`` returns False and there is no table, so the
+    fake replay reads the graph's placeholders (``test_decide._reads``)."""
 
     def __init__(self, placeholders: Mapping[int, torch.Tensor], uncovered: tuple[int, ...]) -> None:
         super().__init__(placeholders, stuck=False, uncovered=uncovered)
@@ -37,7 +38,10 @@ class FailingPlan(FakePlan):
         if self.failing:
             self.table = None  # type: ignore[assignment]
             return False
-        return super().update(inputs)
+        served = super().update(inputs)
+        for i in self.uncovered:  # read at the capture address: the placeholder, copied into each call
+            self.table[i] = self.placeholders[i]
+        return served
 
     def rebase_placeholders(self, addresses: dict[int, int]) -> None:
         self.rebased.append(dict(addresses))
@@ -91,13 +95,21 @@ def test_a_call_pi_cannot_serve_gets_new_placeholders_before_the_replay(
     assert plan.rebased == [{i: int(p.data_ptr()) for i, p in graph.placeholders.items()}]
 
 
-def test_a_pi_graph_with_an_input_read_at_its_capture_address_keeps_its_placeholders(
+def test_a_pi_graph_with_an_input_read_at_its_capture_address_keeps_that_inputs_placeholder_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Input 1 is read at its capture address (its placeholder's): it keeps that placeholder and is
+    copied into it every call; input 0, which the plan serves, drops its own, and calls at other
+    addresses make it no new one."""
     setup = PlanSetup(monkeypatch, uncovered=(1,))
-    slot, _ = _decided_pi(setup)
+    slot, plan = _decided_pi(setup)
     graph = slot.graph
-    assert graph is not None and not graph.borrowed and sorted(graph.placeholders) == [0, 1]
+    assert graph is not None and graph.borrowed and sorted(graph.placeholders) == [1]
+    for scale in (1.0, 3.0, -2.0):
+        x, y = (t * scale for t in _inputs())
+        (out,) = slot.run([x, y])
+        torch.testing.assert_close(out, x * 2 + y)
+    assert sorted(graph.placeholders) == [1] and plan.rebased == []
 
 
 class UnborrowableSetup(PlanSetup):
