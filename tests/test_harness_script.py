@@ -133,3 +133,23 @@ def test_seeded_configs_load_offline_through_auto_config(tmp_path) -> None:
         "distilgpt2", cache_dir=os.fspath(cache), local_files_only=True
     )
     assert (config.model_type, config.n_layer) == ("gpt2", 6)
+
+
+def test_a_source_tree_gets_the_backends_entry_points_the_package_declares(tmp_path, monkeypatch) -> None:
+    """Without an installed package the harness cannot find ``--backend grace``: the runs get a folder
+    whose metadata declares pyproject.toml's dynamo backends."""
+    import importlib.metadata
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
+    try:
+        import harness as script
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(script.importlib.metadata, "entry_points", lambda group: [])
+    folder = script.backend_entry_points(tmp_path)
+    assert folder is not None
+    (found,) = importlib.metadata.distributions(path=[folder])
+    declared = [(ep.name, ep.value) for ep in found.entry_points if ep.group == "torch_dynamo_backends"]
+    assert declared == [("grace", "grace.backend:grace_backend")]
+    monkeypatch.undo()  # installed (this test's environment): nothing to add
+    assert script.backend_entry_points(tmp_path / "again") is None

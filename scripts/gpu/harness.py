@@ -6,6 +6,10 @@ installed torch is carried beside the tree (``$GRACE_HARNESS_DIR``, default
 under its own time limit, so one hang or crash costs one row; the harness appends its rows to one CSV per
 (backend, suite, mode) under ``--out`` and each run's output goes to ``logs/``.
 
+The harness finds ``--backend grace`` through the package's entry point (``torch_dynamo_backends``). A
+source tree that was never installed has none, so the runs then get one: a ``.dist-info`` folder under
+``--out`` holding the entry points pyproject.toml declares, put on their ``PYTHONPATH``.
+
 No network: the Hugging Face runner builds its models from config classes, but a few of them
 (``EXTRA_MODELS``: DistillGPT2, T5Small, GoogleFnet, YituTechConvBert, AllenaiLongformerBase) read a
 hub config when the module is imported, so every Hugging Face run fails at import without a cache. The
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.metadata
 import json
 import os
 import signal
@@ -31,6 +36,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 SUITES = ("huggingface", "timm_models", "torchbench")
@@ -195,6 +205,23 @@ def run_one(run: Run, argv: list[str], out: Path, env: dict[str, str], limit_s: 
     }
 
 
+def backend_entry_points(out: Path) -> str | None:
+    """A folder to put on the runs' path that declares this tree's dynamo backends as the installed
+    package does (pyproject.toml's ``torch_dynamo_backends``), or None where they are installed."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    backends: dict[str, str] = declared["torch_dynamo_backends"]
+    found = {ep.name for ep in importlib.metadata.entry_points(group="torch_dynamo_backends")}
+    if set(backends) <= found:
+        return None
+    folder = out / "entry-points"
+    info = folder / "grace_matrix-0+source.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grace-matrix\nVersion: 0+source\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in backends.items())
+    (info / "entry_points.txt").write_text(f"[torch_dynamo_backends]\n{lines}")
+    return str(folder)
+
+
 def outcome(record: dict[str, Any]) -> str:
     """One word per run: the harness's accuracy status or speedup, else why there is none."""
     if record["timed_out"]:
@@ -236,6 +263,9 @@ def main() -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.setdefault("HF_HUB_CACHE", str(out / "hf-hub"))
+    entry_points = backend_entry_points(out)
+    if entry_points is not None:  # a source tree: the backends' entry points, and the tree itself
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (entry_points, str(REPO), env.get("PYTHONPATH")) if p)
     seeded = seed_hub_cache(Path(env["HF_HUB_CACHE"]))
     print(f"harness {harness}; hub cache {env['HF_HUB_CACHE']} (seeded: {', '.join(seeded) or 'none'})")
     started = time.monotonic()
