@@ -5,7 +5,8 @@ One export holding two different rows for one record of a run, of which ingest s
 characters, which shared one comparison page (the second written over the first); a run whose every
 test was skipped, green in the grid's pytest column; a configuration file whose ``format`` is no version
 (``true``, ``0``, ``1.0``) read as version 1 or called newer; a finished run's row brought again with
-other values, counted 'already present' and dropped.
+other values, counted 'already present' and dropped; a store another process keeps locked, which ingest
+waited out five times over before its error.
 """
 
 from __future__ import annotations
@@ -171,3 +172,32 @@ def test_a_finished_run_ingested_again_as_it_is_changes_nothing(store, tmp_path,
     assert main(["ingest", "--json", str(path)]) == 0
     stats = json.loads(capsys.readouterr().out)[str(path)]
     assert stats["rows_present"] == {"test_outcomes": 1} and not stats["rows_added"]
+
+
+# -- 6. a store another process keeps locked ---------------------------------------------------------
+
+
+def test_a_store_locked_past_the_busy_wait_is_one_line_at_once(store, tmp_path, capsys, monkeypatch) -> None:
+    """SQLite's busy wait (60 s) ran out, and ingest ran the whole transaction again four more times: five
+    minutes of silence before its error. Now the first wait that runs out is the answer, in one line."""
+    import sqlite3
+    import time
+
+    from matrix.store import db
+
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_S", 0.5)
+    path = _export(tmp_path / "a.jsonl", None, _outcome("passed"))
+    holder = sqlite3.connect(store, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer, in the middle of its transaction
+    try:
+        capsys.readouterr()
+        started = time.monotonic()
+        assert main(["ingest", str(path)]) == 2
+        assert time.monotonic() - started < 5 * 0.5  # one wait, not one per attempt
+        line = one_error_line(capsys)
+        assert "is locked: another process" in line and "nothing was written" in line
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert main(["summary", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # nothing of the file was stored

@@ -37,7 +37,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DatabaseError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -53,6 +60,9 @@ SCHEMA_VERSION = "0002"
 
 _MIGRATIONS = "matrix:migrations"
 _PG_LOCK_KEY = zlib.crc32(b"grace-matrix schema upgrade")
+
+
+BUSY_TIMEOUT_S = 60.0  # how long a SQLite connection waits for another writer before "database is locked"
 
 
 def default_url() -> str:
@@ -117,11 +127,13 @@ def make_engine(url: str | None = None, access: StoreAccess = StoreAccess.CREATE
             uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
             engine = create_engine(
                 "sqlite://",
-                creator=lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False),
+                creator=lambda: sqlite3.connect(
+                    uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+                ),
             )
         else:
             _make_folder(path)
-            engine = create_engine(url, connect_args={"timeout": 60})
+            engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
     except NoSuchModuleError:
         raise StoreError(
             f"no SQLAlchemy dialect for {display_url(url)}; for PostgreSQL install grace-matrix[postgres]"
@@ -156,16 +168,13 @@ def _make_folder(path: Path) -> None:
         ) from None
 
 
-_WAL_WAIT_S = 60.0  # as long as the connection's busy timeout
-
-
 def _use_wal(cursor: sqlite3.Cursor) -> None:
     """Switch a SQLite store to WAL mode. The switch takes an exclusive lock without SQLite's busy
     handler, so while another process holds a lock on a store not yet in WAL mode (several openers of a
     new store) it fails at once with 'database is locked': it is retried here until the busy timeout."""
     if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
         return
-    deadline, pause = time.monotonic() + _WAL_WAIT_S, 0.01
+    deadline, pause = time.monotonic() + BUSY_TIMEOUT_S, 0.01
     while True:
         try:
             cursor.execute("PRAGMA journal_mode=WAL")
@@ -331,8 +340,19 @@ def _database_problem(url: str, exc: DatabaseError, access: StoreAccess = StoreA
     return f"cannot use store {display_url(url)}: {detail}; {_remedy(access)}"
 
 
+def locked_out(exc: SQLAlchemyError) -> bool:
+    """Whether ``exc`` is SQLite's 'database is locked': another process holds a write on the store."""
+    return isinstance(exc, OperationalError) and "database is locked" in str(getattr(exc, "orig", exc))
+
+
 def describe_error(url: str, exc: SQLAlchemyError) -> str:
     """One line for a database error met after the store was opened (used by the CLI)."""
+    if locked_out(exc):
+        return (
+            f"store {display_url(url)} is locked: another process (an ingest, a merge, a running suite) "
+            f"kept a write on it past the {BUSY_TIMEOUT_S:.0f} s wait; nothing was written, try again when "
+            "it ends"
+        )
     if isinstance(exc, IntegrityError):  # the data broke a constraint: the store itself is fine
         detail = str(exc.orig).strip().splitlines()[0]
         return f"store {display_url(url)} refused a row: {detail}; the input conflicts with what it holds"

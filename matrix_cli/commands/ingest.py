@@ -2,7 +2,8 @@
 
 Several ingests may write one store at once (nightly runners, a fleet on PostgreSQL): the rows are
 upserts (``matrix.transfer``), and a transaction that a concurrent writer made fail (SQLite's lock
-timeout, a PostgreSQL deadlock) is run again from the start, which ingest's idempotence makes safe.
+timeout, a PostgreSQL deadlock) is run again from the start, which ingest's idempotence makes safe; not
+after SQLite already waited its whole busy timeout for another process's write (one line then, at once).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.errors import ConfigError
+from matrix.store import db
 from matrix.store.db import open_store
 from matrix.transfer import ingest_jsonl
 from matrix_cli.commands._output import info, print_json
@@ -39,11 +41,13 @@ def handle(args: argparse.Namespace) -> int:
     if "-" in args.files:
         stdin = getattr(sys.stdin, "buffer", sys.stdin).readlines()
     for attempt in range(1, _ATTEMPTS + 1):
+        started = time.monotonic()
         try:
             totals = _ingest_all(Session, args.files, stdin)
             break
         except OperationalError as exc:  # a concurrent writer: locked, deadlocked or serialisation
-            if attempt == _ATTEMPTS:
+            waited_out = db.locked_out(exc) and time.monotonic() - started >= db.BUSY_TIMEOUT_S / 2
+            if attempt == _ATTEMPTS or waited_out:
                 raise
             logger.info("ingest attempt %d met a concurrent writer (%s); again", attempt, exc.orig)
             time.sleep(0.2 * 2**attempt)
