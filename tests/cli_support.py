@@ -1,8 +1,9 @@
 """Test support for the command line: what a failed command printed on stderr, the run line of a
-hand-made export, and an empty store every command uses by default."""
+hand-made export, such an export with its rows, and an empty store every command uses by default."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,16 @@ def empty_store_in(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(folder)
     open_store(f"sqlite:///{path}").kw["bind"].dispose()
     return path
+
+
+def export_file(path: Path, uid: str, run: dict[str, object] | None = None, *rows: dict[str, object]) -> Path:
+    """A hand-made export at ``path``: its header, run ``uid`` (fields replaced by ``run``), ``rows``."""
+    header = {"format": "grace-matrix-export", "version": 1, "schema": "0002"}
+    items = [header, {**export_run_line(uid), **(run or {})}, *({"run": uid, **row} for row in rows)]
+    path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    return path
+
+
+def outcome_row(outcome: str, key: str = "suites/test_a.py::test_a") -> dict[str, object]:
+    """A ``test_outcomes`` row of an export."""
+    return {"type": "test_outcomes", "record_key": key, "nodeid": key, "outcome": outcome}

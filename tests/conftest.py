@@ -1,11 +1,13 @@
 """Project-wide test configuration: tests marked ``gpu`` skip cleanly without a CUDA device; the
-``fresh_grace`` fixture gives a test a grace without graphs, decisions or stats of earlier tests."""
+``fresh_grace`` fixture gives a test a grace without graphs, decisions or stats of earlier tests, and
+``store`` a new empty store that every command uses by default."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,11 @@ def fresh_grace() -> Iterator[None]:
     yield
     torch._dynamo.reset()
     grace.reset()
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new empty store in ``tmp_path``, the default of every command (``cli_support.empty_store_in``)."""
+    from cli_support import empty_store_in
+
+    return empty_store_in(tmp_path, monkeypatch)

@@ -16,17 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import empty_store_in, export_run_line, one_error_line
+from cli_support import export_run_line, one_error_line
 
 from matrix_cli.main import main
 
 UID = "00000000-0000-0000-0000-0000000000aa"
 MATRIX = str(Path(__file__).resolve().parents[1] / "matrix.toml")
-
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return empty_store_in(tmp_path, monkeypatch)
 
 
 def _lines(run: dict[str, object] | None = None, perf: dict[str, object] | None = None) -> list[str]:

@@ -16,27 +16,18 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_support import empty_store_in, export_run_line, one_error_line
+from cli_support import export_file, export_run_line, one_error_line, outcome_row
 
 from matrix_cli.main import main
 
 UID = "00000000-0000-0000-0000-0000000000dd"
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return empty_store_in(tmp_path, monkeypatch)
-
-
 def _export(path: Path, run: dict[str, object] | None = None, *rows: dict[str, object]) -> Path:
-    header = {"format": "grace-matrix-export", "version": 1, "schema": "0002"}
-    items = [header, {**export_run_line(UID), **(run or {})}, *({"run": UID, **row} for row in rows)]
-    path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
-    return path
+    return export_file(path, UID, run, *rows)
 
 
-def _outcome(outcome: str, key: str = "suites/test_a.py::test_a") -> dict[str, object]:
-    return {"type": "test_outcomes", "record_key": key, "nodeid": key, "outcome": outcome}
+_outcome = outcome_row
 
 
 # -- 1. two different rows for one record in one export ------------------------------------------------
