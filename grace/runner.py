@@ -42,6 +42,14 @@ A slot (``grace.slot.GraphSlot``) is in one ``SlotState``; ``GraphSlot.run`` dis
                   |
                RELEASED <--- grace.reset, eviction (any state; the next call starts over)
 
+Note: [Warm-up per signature, not per placement]
+Warm-up calls keep signatures seen once from a capture and run the code before one. A call with a
+slot's shapes but a dynamic input on another device (a backward given host seeds after its forward ran
+without a graph) runs without a graph in a slot of its own, and its calls count as warm-up calls of
+the same shapes on the graph's device: a training backward then decides in its forward's deciding
+step, while the forward's outputs are still owned (Note: [Outputs a shared pool lends] in
+grace.outputs), not one step later, when they are lent.
+
 Threads and streams: one lock per compiled callable (``GraceRunner.lock``) is held for each call from
 the input check to the hand-out of the outputs, deciding calls, warm-up and checks included. Outputs
 another thread received are never overwritten while held (Note: [Outputs and threads] in
@@ -237,6 +245,8 @@ class GraceRunner:
                         "as when the graph was compiled: such calls run without a graph",
                     )
                 )
+            else:
+                slot.warmups_left = max(0, slot.warmups_left - self._calls_placed_elsewhere(key))
             self.slots[key] = slot
             while len(self.slots) > self.options.max_graphs_per_callable:
                 _, evicted = self.slots.popitem(last=False)
@@ -245,6 +255,16 @@ class GraceRunner:
                     self._recent = self._steady = None
                 evicted.release()
             return slot
+
+    def _calls_placed_elsewhere(self, key: tuple[Any, ...]) -> int:
+        """Calls already made with ``key``'s shapes, strides, dtypes and values, with some dynamic input
+        on another device (Note: [Warm-up per signature, not per placement])."""
+        shapes = _without_devices(key)
+        return sum(
+            slot.record.calls
+            for other, slot in self.slots.items()
+            if other != key and _without_devices(other) == shapes
+        )
 
     def release(self) -> None:
         """Release every graph and pool; slots start over on their next call."""
@@ -274,6 +294,10 @@ class GraceRunner:
             triton=env.triton,
             candidates=tuple(v.value for v in candidates),
         )
+
+
+def _without_devices(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(part[:3] if len(part) == 4 else part for part in key)
 
 
 def describe_signature(key: tuple[Any, ...]) -> str:

@@ -346,6 +346,22 @@ def test_an_input_on_another_device_at_run_time_gets_a_slot_without_a_graph(cpu_
     assert other["variant"] == "no_graph" and other["skip_reasons"][0]["code"] == "cpu_input"
 
 
+def test_calls_with_an_input_elsewhere_count_as_warm_up_of_the_same_shapes(cpu_runner: list[int]) -> None:
+    """Note: [Warm-up per signature, not per placement]: a backward first given host seeds (the meta
+    device stands for the other device) decides on its first call with them on the graph's device; a
+    signature whose shapes were never seen still warms up first."""
+    plan = RunnerPlan("h", torch.device("cpu"), static_indices=(), dynamic_indices=(0, 1), scalar_indices=())
+    runner = GraceRunner(lambda x, seed: [x * 2], plan, GraceOptions(warmup_calls=1), None)
+    runner(torch.ones(3), torch.ones((), device="meta"))
+    assert cpu_runner == []  # a slot without a graph: no deciding call
+    runner(torch.ones(3), torch.ones(()))
+    assert cpu_runner == [1]  # the same shapes on the graph's device: no warm-up call of their own
+    runner(torch.ones(4), torch.ones(()))
+    assert cpu_runner == [1]  # new shapes: a warm-up call first
+    runner(torch.ones(4), torch.ones(()))
+    assert cpu_runner == [1, 1]
+
+
 def test_a_deciding_call_that_already_ran_returns_its_output_even_when_it_is_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -345,18 +345,23 @@ class Attention(torch.nn.Module):
         return (self.proj(h.transpose(1, 2).reshape_as(x)) - x).pow(2).mean()
 
 
-@pytest.mark.parametrize("dropout", [0.3, 0.0])
+@pytest.mark.parametrize(("dropout", "step_pool"), [(0.3, False), (0.0, False), (0.3, True)])
 def test_attention_dropout_runs_both_graphs_and_draws_eagers_masks(
-    tmp_path: Path, graphs: list[Any], dropout: float
+    tmp_path: Path, graphs: list[Any], dropout: float, step_pool: bool
 ) -> None:
     """Note: [Philox seeds of attention]: a replayed forward hands its backward device seeds, a plain
     run host seeds; both graphs are captured, and every step equals eager's from the same generator.
     With dropout 0 in training the seeds are left undefined and no check compares them (Note: [Random
-    state of an op that draws nothing])."""
+    state of an op that draws nothing]). With ``step_pool`` the backward given host seeds in the first
+    step decides in the forward's deciding step (Note: [Warm-up per signature, not per placement] in
+    grace.runner), so its capture goes into the step's pool."""
+    kept_out_before = stats.fallback_counts().get("pool_of_its_own", 0)
     torch.manual_seed(0)
     eager = Attention(dropout).to(DEVICE)
     model = copy.deepcopy(eager)
-    opts = GraceOptions(cache_dir=str(tmp_path), scg_samples=3, scg_warmup=0, training=True, scg=False)
+    opts = GraceOptions(
+        cache_dir=str(tmp_path), scg_samples=3, scg_warmup=0, training=True, scg=False, step_pool=step_pool
+    )
     compiled = grace.compile(model, options=opts)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
     opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -378,3 +383,5 @@ def test_attention_dropout_runs_both_graphs_and_draws_eagers_masks(
         _same_params(eager, model, f"after step {step}", **tol)
     launches = _graph_launches(graphs)
     assert launches.get("forward", 0) >= 2 and launches.get("backward", 0) >= 2, f"{launches}\n{_why(graphs)}"
+    kept_out = stats.fallback_counts().get("pool_of_its_own", 0) - kept_out_before
+    assert kept_out == 0, _why(graphs)
