@@ -161,7 +161,8 @@ class PreparedWorkload:
             with torch.no_grad():
                 self.model, self.inputs = self.workload.factory(self.tier)(self.device, self.dtype)
         except WorkloadUnavailable as exc:
-            self.load_failure = Failure(CorrectnessStatus.MODEL_FAIL_TO_LOAD, str(exc), expected=True)
+            status = CorrectnessStatus.MODEL_FAIL_TO_LOAD if exc.installed else CorrectnessStatus.SKIP
+            self.load_failure = Failure(status, str(exc), expected=True)
         except Exception as exc:
             failure = failure_of(exc, CorrectnessStatus.MODEL_FAIL_TO_LOAD)
             self.load_failure = failure

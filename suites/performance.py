@@ -79,7 +79,7 @@ def measure(prepared: PreparedWorkload, modes: Sequence[Mode], samples: int) -> 
         return [PerformanceRecord(ref, m.value, PerformanceStatus.SKIP, reason=NO_CUDA) for m in modes]
     if prepared.load_failure is not None:
         failure = prepared.load_failure
-        reason = f"model_fail_to_load: {failure.reason}"
+        reason = f"{failure.status.value}: {failure.reason}"
         return [PerformanceRecord(ref, m.value, _status_of(failure), reason=reason) for m in modes]
     with torch.no_grad():
         return _measure(prepared, modes, samples)

@@ -292,7 +292,8 @@ def run_case(case: Case) -> Outcome:
         graphs = capture(fn, inputs, twins.mode, on_graph=on_graph, **case.dynamo_config)
         return _check(case, graphs, traced, twins)
     except WorkloadUnavailable as error:
-        return Outcome(CorrectnessStatus.MODEL_FAIL_TO_LOAD, str(error))
+        status = CorrectnessStatus.MODEL_FAIL_TO_LOAD if error.installed else CorrectnessStatus.SKIP
+        return Outcome(status, str(error))
     except Exception as error:
         return Outcome(
             CorrectnessStatus.FAIL_TO_RUN,

@@ -147,6 +147,24 @@ def test_missing_package_is_model_fail_to_load(toy: Callable[..., str]) -> None:
         assert "cannot import fakepkg" in (record.reason or "") and record.details["expected"] is True
 
 
+def test_a_package_not_installed_is_a_skip(toy: Callable[..., str]) -> None:
+    """A builder's optional package that the environment lacks altogether is the environment's choice,
+    not a breakage: ``skip`` with the package named (an installed one that fails to import stays
+    ``model_fail_to_load``, above)."""
+    from suites.workloads.common import import_optional
+
+    def absent(size: Any, device: Any, dtype: Any) -> Any:
+        import_optional("grace_matrix_no_such_package")
+        raise AssertionError("unreachable")
+
+    name = toy("toy_absent", absent)
+    record, _ = run(name, Mode.EAGER)
+    assert record.status is CorrectnessStatus.SKIP and record.details["expected"] is True
+    assert "needs grace_matrix_no_such_package, which is not installed here" in (record.reason or "")
+    failure = harness.prepare(get(name), "smoke", CPU).load_failure
+    assert failure is not None and failure.status is CorrectnessStatus.SKIP  # what performance reads
+
+
 def test_broken_builder_is_an_unexpected_load_failure(toy: Callable[..., str]) -> None:
     def broken(size: Any, device: Any, dtype: Any) -> Any:
         raise ValueError("bad config")

@@ -53,7 +53,7 @@ def test_cpu_dry_run(tmp_path: Path) -> None:
     assert statuses[("correctness", "mlp", "eager")] == "pass"
     assert statuses[("correctness", "mlp", "pt2cg")] == "skip"
     assert statuses[("performance", "mlp", "eager")] == "skip"
-    assert statuses[("correctness", "alexnet", "eager")] in ("pass", "model_fail_to_load")
+    assert statuses[("correctness", "alexnet", "eager")] in ("pass", "skip", "model_fail_to_load")
     assert (out / "report.txt").exists() and (out / "RESULTS.md").exists()
     assert (out / "remaining.txt").read_text() == "" and (out / "incomplete.txt").read_text() == ""
     assert json.loads((out / "environment.json").read_text())["torch"]

@@ -122,7 +122,7 @@ def test_smoke_builds_and_runs_eager_on_cpu(name: str) -> None:
     except WorkloadUnavailable as exc:
         # only an optional package may be missing, and the reason must say which one
         assert any(exc.package.split(".")[0] == req for req in wl.requires), (exc.package, wl.requires)
-        pytest.skip(f"model_fail_to_load: {exc}")
+        pytest.skip(f"{'model_fail_to_load' if exc.installed else 'skip'}: {exc}")
     with torch.no_grad():
         first = flatten(model(*clone_inputs(inputs)))
         second = flatten(model(*clone_inputs(inputs)))

@@ -63,11 +63,15 @@ def randint(
 
 
 def import_optional(package: str) -> Any:
-    """Import ``package`` or raise WorkloadUnavailable with the import error (never a bare crash)."""
+    """Import ``package`` or raise WorkloadUnavailable (never a bare crash): ``installed`` False where
+    the environment has no such package, True where it has one that fails to import."""
     import importlib
+    import importlib.util
 
     from suites.workloads.registry import WorkloadUnavailable
 
+    if importlib.util.find_spec(package.partition(".")[0]) is None:
+        raise WorkloadUnavailable(package, "which is not installed here", installed=False)
     try:
         return importlib.import_module(package)
     except Exception as exc:  # broken installs raise RuntimeError/OSError, not only ImportError

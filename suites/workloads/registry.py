@@ -9,7 +9,8 @@ registered with ``@workload(name, tags=..., sizes={tier: size})``. ``Workload.fa
 size and returns the ``factory(device, dtype)`` the suites call. Sizes are plain frozen mappings, so the
 size of every tier is data that the code hash covers. A builder that needs an optional package
 (``timm``, ``torchvision``, ``transformers``) imports it inside and raises ``WorkloadUnavailable`` when
-the import fails; the suites turn that into the ``model_fail_to_load`` status instead of crashing.
+the import fails; the suites turn that into the ``model_fail_to_load`` status instead of crashing, or
+into ``skip`` where the package is not installed at all (the environment's choice, not a breakage).
 
 Invariants:
 - Names are unique; registering a name twice is an error (a silent overwrite would mix results).
@@ -70,15 +71,17 @@ class WorkloadError(LookupError):
 class WorkloadUnavailable(RuntimeError):
     """The workload cannot be built here because a package it needs cannot be imported."""
 
-    def __init__(self, package: str, cause: BaseException | str) -> None:
+    def __init__(self, package: str, cause: BaseException | str, *, installed: bool = True) -> None:
         detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else cause
         root = cause
         while isinstance(root, BaseException) and (root.__cause__ or root.__context__) is not None:
             root = root.__cause__ or root.__context__  # type: ignore[assignment]
         if isinstance(root, BaseException) and root is not cause:
             detail += f" (caused by {type(root).__name__}: {root})"
-        super().__init__(f"cannot import {package}: {detail}")
+        top = package.partition(".")[0]
+        super().__init__(f"cannot import {package}: {detail}" if installed else f"needs {top}, {detail}")
         self.package = package
+        self.installed = installed  # False: the environment has no such package (a skip, not a failure)
 
 
 Builder = Callable[..., tuple[Any, tuple[Any, ...]]]
