@@ -83,7 +83,9 @@ class GraceOptions:
         max_graphs_per_callable: bound on graphs kept per compiled callable, one per input signature
             (shapes, strides, dtypes, integer inputs); the least recently used one is released (its
             memory pool once no output of it is held, grace.pools).
-        warmup_calls: calls run without a graph before the first capture of a signature.
+        warmup_calls: calls run without a graph before the first capture of a signature (calls with
+            its shapes but an input on another device count: grace.runner's Note: [Warm-up per
+            signature, not per placement]).
         check_numerics: compare each graph variant's outputs with the no-graph outputs once, before
             keeping it. Turning this off is unsafe and only meant for debugging.
         host_reference_bytes: for a callable that mutates none of its inputs, the deciding call runs
