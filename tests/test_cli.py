@@ -185,6 +185,10 @@ def test_errors_are_one_line_with_exit_codes(project, capsys) -> None:
     assert main(["summary", "--db", f"sqlite:///{corrupt}"]) == 2
     assert "not a readable SQLite database" in one_error_line(capsys)
 
+    for args in (["summary"], ["ingest", str(project / "absent.jsonl")]):  # a folder named as the store
+        assert main([*args, "--db", f"sqlite:///{project}"]) == 2
+        assert f"store {project} is a folder, not a SQLite file" in one_error_line(capsys)
+
     junk = project / "junk.jsonl"
     junk.write_text('{"format": "grace-matrix-export", "version": 1}\n{"type": "run"}\n')
     assert main(["ingest", str(junk)]) == 2

@@ -118,6 +118,11 @@ def make_engine(url: str | None = None, access: StoreAccess = StoreAccess.CREATE
         path = sqlite_path(url)
         if path is None:  # in-memory: one connection shared, or every session sees an empty store
             engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        elif path.is_dir():
+            raise StoreError(
+                f"store {path} is a folder, not a SQLite file; name a file in it with --db / {ENV_DB} "
+                f"(e.g. sqlite:///{path / 'store.sqlite'})"
+            )
         elif access is not StoreAccess.CREATE and not path.is_file():
             raise StoreError(
                 f"no store at {path} (nothing was recorded or ingested there); check --db / {ENV_DB}, or "
