@@ -217,6 +217,20 @@ def test_no_tests_collected_is_recorded_as_complete(tmp_path) -> None:
         assert "no tests collected" in run.message
 
 
+def test_a_run_that_collected_no_test_is_never_green(tmp_path, capsys) -> None:
+    """Complete, yet it checked nothing: its verdict is a failure of the run, in summary and --check."""
+    from matrix_cli.main import main
+
+    proc, url = run_pytest(tmp_path, "X = 1\n")
+    assert proc.returncode == 5
+    capsys.readouterr()
+    assert main(["summary", "--db", url]) == 0
+    table = capsys.readouterr().out
+    assert "FAIL 1" in table and " ok " not in table
+    assert main(["summary", "--db", url, "--check"]) == 1
+    assert "collected no test (pytest exit code 5)" in capsys.readouterr().err
+
+
 def test_collection_error_is_recorded(tmp_path) -> None:
     proc, url = run_pytest(tmp_path, "import not_a_module_anywhere\n")
     assert proc.returncode == 2

@@ -27,6 +27,8 @@ from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
 from matrix.regressions.observations import (
+    EMPTY_RUN,
+    NO_TESTS_EXIT,
     PASSING_STATUS,
     RUN_SUBJECT,
     TEST_MODE,
@@ -131,12 +133,18 @@ def _load_test_observations(session: Session, chunk: list[int], found: dict[int,
         found[run_pk].append(_observation(key, outcome, nodeid or record_key, message, read_columns, read))
     silent = (RunStatus.COMPLETE.value, RunStatus.RUNNING.value)  # no verdict of the run itself
     runs = select(Run.id, Run.status, Run.message).where(Run.id.in_(chunk), Run.status.not_in(silent))
+    key = ResultKey(Suite.TESTS, RUN_SUBJECT, TEST_MODE)
     for run_pk, status, message in session.execute(runs):
-        key = ResultKey(Suite.TESTS, RUN_SUBJECT, TEST_MODE)
         ended = RunStatus.read(status)
         if ended is RunStatus.UNREADABLE:
             message = f"unreadable stored value: status holds {status!r}, not a run status"
         found[run_pk].append(Observation(key, _status(ended.value), "", message or f"the run ended {status}"))
+    # A complete run whose pytest collected nothing ran no test: it proves nothing, so it is never green.
+    empty = select(Run.id).where(
+        Run.id.in_(chunk), Run.status == RunStatus.COMPLETE.value, Run.exit_code == NO_TESTS_EXIT
+    )
+    for (run_pk,) in session.execute(empty):
+        found[run_pk].append(Observation(key, ResultStatus.FAILED, "", EMPTY_RUN))
 
 
 def _status(text: str | None, *values: object) -> ResultStatus:

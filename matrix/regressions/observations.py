@@ -55,6 +55,8 @@ SKIP_STATUS = ResultStatus.SKIP
 # MISSING in this suite: a test that stops failing leaves no row behind.
 TEST_MODE = "pytest"
 RUN_SUBJECT = "<run>"
+NO_TESTS_EXIT = 5  # pytest's exit code when it collected no test: a complete run that ran nothing
+EMPTY_RUN = "the run collected no test (pytest exit code 5): it checked nothing"
 TEST_FAILURES = frozenset({ResultStatus.FAILED, ResultStatus.ERROR, ResultStatus.CRASHED})
 TEST_NOT_FAILED = frozenset({ResultStatus.PASSED, ResultStatus.SKIPPED})  # every other outcome is judged
 
