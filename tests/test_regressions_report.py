@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.regressions import report
 from matrix.regressions.errors import RegressionsError
-from matrix.regressions.observations import ResultKey, Suite
+from matrix.regressions.observations import RUN_SUBJECT, TEST_MODE, ResultKey, Suite
 from matrix.regressions.synthetic import (
     SCRIPT_PAYLOAD,
     SeededFailure,
@@ -119,6 +119,9 @@ def test_repro_command_selects_the_nox_cell_and_the_test() -> None:
     odd = report.test_selector("t.py::test_x[a b=1]", key)
     assert odd == "test_x and a and b and 1"
     assert report.test_selector("", key) == "xlnet and grace"
+    # how a run ended is no test: the whole cell reproduces it
+    run_end = ResultKey(Suite.TESTS, RUN_SUBJECT, TEST_MODE)
+    assert report.repro_command(ReproSettings(), "torch-2.11", "", run_end) == "nox -s 'cell(torch-2.11)'"
 
 
 def test_empty_store_gives_an_empty_report() -> None:

@@ -39,7 +39,7 @@ from matrix import readmodel
 from matrix.readmodel import RunInfo
 from matrix.regressions import history, loader, logical, pairwise, status
 from matrix.regressions.errors import RegressionsError
-from matrix.regressions.observations import ResultKey, Suite, natural_key
+from matrix.regressions.observations import RUN_SUBJECT, ResultKey, Suite, natural_key
 from matrix.regressions.thresholds import ReproSettings, Thresholds
 from matrix.store.models import RunStatus
 
@@ -114,8 +114,10 @@ def test_selector(nodeid: str, key: ResultKey) -> str:
 
 
 def repro_command(settings: ReproSettings, cell_id: str, nodeid: str, key: ResultKey) -> str:
-    session = settings.session.format(cell=cell_id)
-    return settings.command.format(session=shlex.quote(session), test=shlex.quote(test_selector(nodeid, key)))
+    session = shlex.quote(settings.session.format(cell=cell_id))
+    if key.workload == RUN_SUBJECT and not nodeid:  # how the run ended: the whole cell again
+        return settings.whole_run.format(session=session)
+    return settings.command.format(session=session, test=shlex.quote(test_selector(nodeid, key)))
 
 
 def select_runs(runs: Sequence[RunInfo], spec: str | None = None) -> list[RunInfo]:

@@ -74,6 +74,7 @@ class HistoryThresholds:
 class ReproSettings:
     command: str = "nox -s {session} -- -k {test}"
     session: str = "cell({cell})"
+    whole_run: str = "nox -s {session}"  # for how a run ended (subject ``<run>``): no test selects it
 
 
 @dataclass(frozen=True)
