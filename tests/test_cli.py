@@ -239,3 +239,16 @@ def test_export_to_a_device_writes_through(project, capsys, tmp_path) -> None:
     reader.join(timeout=30)
     assert fifo.exists() and not fifo.is_file()  # still a pipe, not replaced by a regular file
     assert chunks and chunks[0].startswith('{"exported_at"')
+
+
+def test_ctrl_c_before_the_command_runs_is_one_line(monkeypatch, capsys) -> None:
+    """Interrupted while the parser is built (its commands' imports take about a second): the same one
+    line and status 130 as an interrupted command, no traceback."""
+    import matrix_cli.main as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["summary"]) == 130
+    assert capsys.readouterr().err == "grace-matrix: interrupted\n"
