@@ -33,7 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboards.fuzz import FuzzRow, fuzz_rows
-from dashboards.workloads import HistoryChart, WorkloadView, check_slugs, slug, workload_views
+from dashboards.workloads import HistoryChart, WorkloadView, slug, workload_views
 from matrix import readmodel
 from matrix.compatibility import CompatibilityTable, build_table
 from matrix.paper import Paper
@@ -439,15 +439,12 @@ def build_site(
     synthetic = _synthetic_cells(session)
     by_uid = {r.uid: r for r in runs}
     workloads = workload_views(runs, medians, detected.cells, thresholds)
-    pages = {w.name for w in workloads}
-    check_slugs(sorted(pages))
+    pages = {w.name: w.slug for w in workloads}
     regressions = []
     for cell in detected.cells:
         for i, r in enumerate(cell.regressions):
             anchor = f"r-{slug(cell.run.uid)}-{i}"  # a fragment, one per run whatever its uid holds
-            page = (
-                slug(r.key.workload) if r.key.suite is Suite.PERFORMANCE and r.key.workload in pages else None
-            )
+            page = pages.get(r.key.workload) if r.key.suite is Suite.PERFORMANCE else None
             regressions.append(RegressionView(anchor, r, cell.run, cell.baseline, page))
     regressions.sort(key=lambda v: (not v.regression.new, v.run.cell_id, v.regression.kind.value))
     improvements: list[tuple[RunInfo, str]] = []

@@ -48,13 +48,20 @@ class LatestRow(NamedTuple):
     regressed_suites: frozenset[str] = frozenset()  # suites whose cell is never shown green
 
 
-def check_slugs(names: Sequence[str]) -> None:
-    """Refuse two names with one slug (only a 64-bit SHA-1 prefix collision could cause one)."""
-    seen: dict[str, str] = {}
+def page_slugs(names: Sequence[str]) -> dict[str, str]:
+    """Each workload's page name: its slug, or its hashed slug where the slugs of several names differ
+    only in case (one file on a case-insensitive disk: ``mlp`` and ``MLP``); two names with one page
+    name are refused (only a 64-bit SHA-1 prefix collision could cause that)."""
+    folded: dict[str, list[str]] = defaultdict(list)
     for name in names:
-        other = seen.setdefault(slug(name), name)
+        folded[slug(name).casefold()].append(name)
+    pages = {name: slug(name, hashed=len(group) > 1) for group in folded.values() for name in group}
+    seen: dict[str, str] = {}
+    for name, page in pages.items():
+        other = seen.setdefault(page.casefold(), name)
         if other != name:
-            raise ValueError(f"workloads {other!r} and {name!r} would share the page {slug(name)!r}")
+            raise ValueError(f"workloads {other!r} and {name!r} would share the page {page!r}")
+    return pages
 
 
 def mode_key(mode: str) -> tuple[int, tuple[Any, ...]]:
@@ -199,9 +206,11 @@ def workload_views(
     """Every workload with a result or a history, in natural order, with its cells in natural order."""
     histories, windows = _histories(runs, medians, thresholds.history.window)
     latest = _latest(reports, medians)
+    names = sorted(set(histories) | set(latest), key=natural_key)
+    pages = page_slugs(names)
     views = []
-    for name in sorted(set(histories) | set(latest), key=natural_key):
+    for name in names:
         cells = sorted(histories.get(name, {}).items(), key=lambda item: natural_key(item[0]))
         charts = tuple(_chart(name, key, modes, windows[key], thresholds) for key, modes in cells)
-        views.append(WorkloadView(name, slug(name), charts, tuple(latest.get(name, ()))))
+        views.append(WorkloadView(name, pages[name], charts, tuple(latest.get(name, ()))))
     return views

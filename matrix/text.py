@@ -106,12 +106,13 @@ def clean_text(text: str | None, limit: int = REASON_LIMIT) -> str:
     return one_line(text, limit)
 
 
-def slug(name: str) -> str:
+def slug(name: str, *, hashed: bool = False) -> str:
     """A file name for ``name``, readable and injective: a name made of ``[A-Za-z0-9_.-]`` (at most 80,
-    not starting with a dot) is its own slug; any other name is its readable part plus ``-`` and 16 hex
-    digits of its SHA-1. A name that itself ends like a hashed slug is hashed too, so a name kept as it is
-    never equals the slug of another name (``slug("mlp large") != slug(slug("mlp large"))``)."""
+    not starting with a dot) is its own slug; any other name, or any name with ``hashed``, is its
+    readable part plus ``-`` and 16 hex digits of its SHA-1. A name that itself ends like a hashed slug is
+    hashed too, so a name kept as it is never equals the slug of another name (``slug("mlp large") !=
+    slug(slug("mlp large"))``)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-    if safe != name or safe.startswith(".") or not safe or _HASHED.search(name):
+    if hashed or safe != name or safe.startswith(".") or not safe or _HASHED.search(name):
         safe = f"{safe.lstrip('.')}-{hashlib.sha1(name.encode()).hexdigest()[:_HASH_DIGITS]}"
     return safe

@@ -445,6 +445,17 @@ def test_slugs_are_injective() -> None:
     assert slug("mlp") == "mlp" and slug("DebertaV2ForQuestionAnswering") == "DebertaV2ForQuestionAnswering"
 
 
+def test_workload_pages_differ_beyond_case() -> None:
+    """Names whose slugs differ only in case would be one file on a case-insensitive disk: both get
+    hashed page names; every other name keeps its own."""
+    from dashboards.workloads import page_slugs
+
+    pages = page_slugs(["mlp", "MLP", "Mlp", "DistilGPT2", "a b", "A B"])
+    assert pages["DistilGPT2"] == "DistilGPT2"
+    assert len({p.casefold() for p in pages.values()}) == len(pages)
+    assert pages["mlp"].startswith("mlp-") and pages["MLP"].startswith("MLP-")
+
+
 def test_written_files_follow_the_umask(hostile_store, tmp_path) -> None:
     old = os.umask(0o022)
     try:
