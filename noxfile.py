@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,11 @@ LABEL_ENV = "GRACE_MATRIX_LABEL"
 STAMP = ".grace-matrix-install.json"
 TEST_TORCH, TEST_TRITON = "torch==2.13.0", "triton==3.7.1"
 _TAIL_LINES = 60
+# Installer output echoed while it runs (pip's and uv's); the rest, resolution steps and index warnings,
+# is kept for a failure's message.
+_SHOWN = re.compile(
+    r"\s*(Downloading|Installing collected|Successfully installed|Installed|Prepared|ERROR|error|fatal)"
+)
 
 
 def _params() -> list[object]:
@@ -267,7 +273,8 @@ def _ensure_installed(
 
 
 def _stream(session: nox.Session, argv: list[str]) -> tuple[int, str]:
-    """Run ``argv`` in the project root, echoing its output; its exit status and last lines."""
+    """Run ``argv`` in the project root, echoing the lines of its output that show progress (``_SHOWN``:
+    downloads, what is installed, errors); its exit status and last lines (all of them, for a failure)."""
     session.log(" ".join(argv))
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     with subprocess.Popen(
@@ -275,7 +282,8 @@ def _stream(session: nox.Session, argv: list[str]) -> tuple[int, str]:
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stdout.write(line)
+            if _SHOWN.match(line):
+                sys.stdout.write(line)
             tail.append(line.rstrip())
     return proc.returncode, "\n".join(tail)
 
