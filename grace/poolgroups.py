@@ -239,10 +239,18 @@ class PoolGroup:
         in this call, one this call reads, and any held output of a member that serves another callable.
         A caller's output of an earlier call of the same callable follows the per-call contract (Note:
         [Outputs held within one call] in grace.outputs). Without ``args``, every held output counts."""
+        return self.overwritten_held_by(graph, generation, args) is not None
+
+    def overwritten_held_by(self, graph: Any, generation: int, args: Sequence[Any] | None) -> str | None:
+        """``overwritten_held``, naming the first member whose still needed output ``graph``'s replay could
+        overwrite (its slot's graph id where the member serves a slot), or None."""
         seat = self._seats.get(id(graph))
         if seat is None:
-            return False
-        return any(_still_needed(other, seat.kin, generation, args) for other in seat.overwrites)
+            return None
+        for other in seat.overwrites:
+            if _still_needed(other, seat.kin, generation, args):
+                return str(getattr(other.kin, "graph_id", "another member"))
+        return None
 
 
 def _still_needed(other: _Seat, kin: object, generation: int, args: Sequence[Any] | None) -> bool:

@@ -66,10 +66,8 @@ class GraphSlot:
 
     def __init__(self, runner: SlotOwner, signature_text: str) -> None:
         self.runner = runner
-        device = runner.plan.device
-        self.record = grace_stats.new_record(
-            runner.callable_id, runner.plan.graph_hash, signature_text, str(device) if device else "none"
-        )
+        on = str(runner.plan.device) if runner.plan.device else "none"
+        self.record = grace_stats.new_record(runner.callable_id, runner.plan.graph_hash, signature_text, on)
         self.warmups_left = runner.options.warmup_calls
         self.mutated: set[int] = set(runner.plan.mutated_indices)
         self.state = SlotState.WARMUP
@@ -195,6 +193,7 @@ class GraphSlot:
             return self.run(args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
         options = self.runner.options
+        outputsets.note_why_taken(self.record, self.kept, candidates, self.graph, generation, args)
         if 1 + len(candidates) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
         group = None  # the step's pool when there is one (``decide``)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,15 @@ class GraphStats:
     output_bytes_held: int = 0  # bytes of their outputs in their pools, allocated while they live
     recaptures: int = 0
     rebinds: int = 0  # graphs made for moved static inputs by editing a copy (grace.rebind)
+    # Why the sets a call found taken were taken, counted per reason, when it made another output set or
+    # had none left (Note: [Output sets] in grace.outputsets)
+    set_blocks: dict[str, int] = field(default_factory=dict)
     released: bool = False
+
+    def note_set_blocks(self, reasons: Iterable[str | None]) -> None:
+        for reason in reasons:
+            key = reason or "free"
+            self.set_blocks[key] = self.set_blocks.get(key, 0) + 1
 
     def add_skip(self, reason: SkipReason) -> None:
         if reason not in self.skip_reasons:
@@ -94,6 +103,7 @@ class GraphStats:
             "output_bytes_held": self.output_bytes_held,
             "recaptures": self.recaptures,
             "rebinds": self.rebinds,
+            "set_blocks": dict(self.set_blocks),
             "decision": self.decision.to_dict() if self.decision is not None else None,
             "skip_reasons": [r.to_dict() for r in self.skip_reasons],
             "released": self.released,
@@ -142,7 +152,8 @@ def snapshot() -> list[dict[str, Any]]:
     because a replay would have overwritten outputs held within one compiled call or by another thread's
     call), graphs_held and
     output_bytes_held (the slot's live graphs and the bytes of their outputs), recaptures and rebinds
-    (graphs captured, and graphs edited from a copy, for static inputs at new addresses), decision
+    (graphs captured, and graphs edited from a copy, for static inputs at new addresses), set_blocks
+    (why the output sets a call found taken were taken, per reason), decision
     (variant, source, medians_ms, samples, key, numeric checks), skip_reasons (code, detail), released.
     """
     with _lock:

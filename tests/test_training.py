@@ -208,6 +208,12 @@ def test_output_sets_in_one_pool_never_replay_over_a_later_sets_held_outputs(
     _, saved_d = runner(xs[4])
     torch.testing.assert_close(saved_d, xs[4] + 1)
     _no_call_ran_without_its_graph()
+    # why each call that made a set found the others taken (the stats' set_blocks)
+    (record,) = [r for r in stats.snapshot() if r["set_blocks"]]
+    blocks = record["set_blocks"]
+    overwrites = {k: n for k, n in blocks.items() if k.startswith(f"an output of {record['graph_id']}")}
+    assert blocks.get("outputs autograd keeps") == (2 if share_pool else 1)
+    assert sum(overwrites.values()) == (1 if share_pool else 0), blocks
 
 
 @pytest.mark.parametrize("share_pool", [False, True])
