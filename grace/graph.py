@@ -328,20 +328,23 @@ class CapturedGraph:
         return self.held_outputs(generation) is not HeldState.NONE
 
     def held_outputs(self, generation: int, args: Sequence[Any] | None = None) -> HeldState:
-        """Whether a replay now, in compiled call ``generation`` (on ``args``), would overwrite held
-        outputs: its own (the kept ones first: when held, nothing else changes the answer), or those of a
-        graph in its pool it may overwrite (``PoolGroup.overwritten_held``: without ``args`` every held
-        one counts)."""
+        return self.why_held(generation, args)[0]
+
+    def why_held(self, generation: int, args: Sequence[Any] | None = None) -> tuple[HeldState, str | None]:
+        """Whether a replay now, in compiled call ``generation`` (on ``args``), would overwrite held outputs,
+        and why (None: it would not): its own (the kept ones first: when held, nothing else changes the
+        answer), or a pool member's (``PoolGroup.overwritten_held_by``: without ``args``, every held one)."""
         owner = self.outputs_owner
         family = owner.family
         if family.needs_sharing():
             self.share_across_threads()
         if family.kept and family.kept_held():
-            return HeldState.HELD
+            return HeldState.HELD, "outputs autograd keeps"
         group = owner.pool_group
-        if group is not None and group.overwritten_held(owner, generation, args):
-            return HeldState.HELD
-        return family.held(generation)
+        if group is not None and (other := group.overwritten_held_by(owner, generation, args)) is not None:
+            return HeldState.HELD, f"an output of {other} it would overwrite"
+        state = family.held(generation)
+        return state, None if state is HeldState.NONE else f"outputs {state.value} in this call"
 
     @property
     def shared_pool(self) -> poolgroups.PoolGroup | None:

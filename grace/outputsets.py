@@ -91,18 +91,6 @@ def note_why_taken(
 ) -> None:
     """Count in ``record`` (the slot's stats, ``set_blocks``) why each set a call found taken was taken
     (the ``candidates`` of ``kept`` and the slot's ``current`` graph, if any): the checks of
-    ``held_outputs`` in its order, in words. The diagnosis of a slot that keeps making sets."""
+    ``held_outputs``, in words (``why_held``). The diagnosis of a slot that keeps making sets."""
     taken = [kept[i].graph for i in candidates] + ([current] if current is not None else [])
-    record.note_set_blocks(_why_taken(graph, generation, args) for graph in taken)
-
-
-def _why_taken(graph: Any, generation: int, args: Sequence[Any]) -> str | None:
-    owner = graph.outputs_owner
-    family = owner.family
-    if family.kept and family.kept_held():
-        return "outputs autograd keeps"
-    group = owner.pool_group
-    if group is not None and (other := group.overwritten_held_by(owner, generation, args)) is not None:
-        return f"an output of {other} it would overwrite"
-    state = family.held(generation)
-    return None if state is HeldState.NONE else f"outputs {state.value} in this call"
+    record.note_set_blocks(graph.why_held(generation, args)[1] for graph in taken)
