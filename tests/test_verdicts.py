@@ -298,6 +298,38 @@ def test_nox_matrix_ends_with_a_summary_that_fails_on_a_broken_cell(monkeypatch:
     assert session.notified[-1][1] == ["--label", "m-test", "--check"]
 
 
+def test_an_installers_output_shows_its_progress_and_keeps_the_rest_for_a_failure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``_stream`` echoes downloads, what was installed and errors; every line stays in the tail that a
+    failure's message carries."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("grace_noxfile", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    lines = [
+        "Looking in indexes: somewhere",
+        "WARNING: Location 'x' is ignored",
+        "  Downloading pkg-1.0-py3-none-any.whl (1 kB)",
+        "Installing collected packages: pkg",
+        "Successfully installed pkg-1.0",
+        "ERROR: No matching distribution found for other",
+    ]
+    script = "import sys\nfor line in sys.argv[1:]: print(line)\nsys.exit(1)"
+
+    class Session:
+        def log(self, *args: object) -> None:
+            pass
+
+    code, tail = noxfile._stream(Session(), [sys.executable, "-c", script, *lines])
+    shown = capsys.readouterr().out.splitlines()
+    assert code == 1 and tail.splitlines() == lines
+    assert shown == lines[2:]
+
+
 def test_a_cells_deadline_comes_from_its_kind_or_itself_and_is_checked(tmp_path: Path) -> None:
     from matrix.cells import load_matrix, parse_matrix
     from matrix.errors import ConfigError
