@@ -13,6 +13,7 @@ import os
 import re
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -267,14 +268,20 @@ def test_expected_toml_takes_tests_entries_and_refuses_a_wrong_mode() -> None:
         expectations_from_mapping({"format": 1, "expected": [{**entry, "status": "pass"}]})
 
 
-def test_nox_matrix_ends_with_a_summary_that_fails_on_a_broken_cell(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The matrix session queues every cell, then the dashboard, and last ``summary --check``."""
+def _noxfile() -> types.ModuleType:
+    """The project's noxfile, loaded as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("grace_noxfile", REPO / "noxfile.py")
     assert spec is not None and spec.loader is not None
     noxfile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(noxfile)
+    return noxfile
+
+
+def test_nox_matrix_ends_with_a_summary_that_fails_on_a_broken_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matrix session queues every cell, then the dashboard, and last ``summary --check``."""
+    noxfile = _noxfile()
 
     class Session:
         def __init__(self) -> None:
@@ -303,13 +310,9 @@ def test_an_installers_output_shows_its_progress_and_keeps_the_rest_for_a_failur
 ) -> None:
     """``_stream`` echoes downloads, what was installed and errors; every line stays in the tail that a
     failure's message carries."""
-    import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location("grace_noxfile", REPO / "noxfile.py")
-    assert spec is not None and spec.loader is not None
-    noxfile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noxfile)
+    noxfile = _noxfile()
     lines = [
         "Looking in indexes: somewhere",
         "WARNING: Location 'x' is ignored",
