@@ -246,7 +246,7 @@ class GraceRunner:
                     )
                 )
             else:
-                slot.warmups_left = max(0, slot.warmups_left - self._calls_placed_elsewhere(key))
+                slot.warmup.skip(self._calls_placed_elsewhere(key))
             self.slots[key] = slot
             while len(self.slots) > self.options.max_graphs_per_callable:
                 _, evicted = self.slots.popitem(last=False)

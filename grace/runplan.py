@@ -56,12 +56,15 @@ class RunnerPlan:
     seed_outputs: tuple[int, ...] = ()  # outputs whose device is the stream's mode (grace.philox)
     undefined_outputs: tuple[int, ...] = ()  # outputs no check compares (grace.philox)
 
+    def step_pool_planned(self, options: GraceOptions) -> bool:
+        """Whether this callable's captures go into its device's step pool (``step_pool``), where it
+        can tell footprints (``step_pool`` returns None where it cannot)."""
+        return options.step_pool and self.role is not GraphRole.INFERENCE and self.device is not None
+
     def step_pool(self, options: GraceOptions) -> PoolGroup | None:
         """The pool a training graph's captures share with the device's other training graphs (option
         ``step_pool``, Note: [A training step in one pool] in grace.poolgroups), or None: its own."""
-        if not options.step_pool or self.role is GraphRole.INFERENCE or self.device is None:
-            return None
-        return step_group(self.device)
+        return step_group(self.device) if self.step_pool_planned(options) else None
 
 
 @dataclass(frozen=True)

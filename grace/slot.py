@@ -38,6 +38,7 @@ from grace.runplan import SlotFacts, SlotOwner
 from grace.scg import Decision, Variant, outputs_match
 from grace.variants import VariantSpec, spec_of
 from grace.verify import check_against_reference, graph_health, synchronize
+from grace.warmup import Warmup
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class GraphSlot:
         self.runner = runner
         on = str(runner.plan.device) if runner.plan.device else "none"
         self.record = grace_stats.new_record(runner.callable_id, runner.plan.graph_hash, signature_text, on)
-        self.warmups_left = runner.options.warmup_calls
+        options = runner.options
+        self.warmup = Warmup(options.warmup_calls, by_step=runner.plan.step_pool_planned(options))
         self.mutated: set[int] = set(runner.plan.mutated_indices)
         self.state = SlotState.WARMUP
         self.graph: CapturedGraph | None = None
@@ -302,9 +304,8 @@ class GraphSlot:
     # --- transitions -----------------------------------------------------------------------
 
     def _run_warmup(self, args: Sequence[Any]) -> Any:
-        if self.warmups_left <= 0:
+        if self.warmup.decides_now():  # Note: [Captures of a step in one step] in grace.warmup
             return self.decide(args)
-        self.warmups_left -= 1
         self.record.calls += 1
         before = input_versions(args)
         device = self.runner.plan.device
@@ -361,7 +362,7 @@ class GraphSlot:
     def _run_released(self, args: Sequence[Any]) -> Any:
         # A released slot (grace.reset) starts over as a fresh one on its next call.
         self.record.released = False
-        self.warmups_left = self.runner.options.warmup_calls
+        self.warmup = Warmup(self.runner.options.warmup_calls, by_step=self.warmup.by_step)
         self.state = SlotState.WARMUP
         return self.run(args)
 
@@ -439,7 +440,7 @@ class GraphSlot:
         if decision.variant == Variant.PENDING:  # a write the analysis missed: decide again next call
             self.mutated.update(decision.written)
             record.calls += 1
-            self.warmups_left = 0
+            self.warmup.finish()
             self.state = SlotState.WARMUP  # also after a capture for moved static inputs: no graph bound
             return decision.output
         if decision.decision is not None:

@@ -67,8 +67,9 @@ MIB = 1 << 20
 
 
 GRAPH_FIELDS = (
-    "graph_hash", "signature", "variant", "calls", "held_output_calls", "graphs_held", "output_bytes_held",
-    "rebinds", "recaptures", "kernel_nodes", "copy_bytes_per_replay", "graph_calls", "set_blocks",
+    "graph_id", "graph_hash", "signature", "variant", "calls", "held_output_calls", "graphs_held",
+    "output_bytes_held", "rebinds", "recaptures", "kernel_nodes", "copy_bytes_per_replay", "graph_calls",
+    "set_blocks",
 )  # fmt: skip
 
 

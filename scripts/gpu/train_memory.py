@@ -32,6 +32,8 @@ import torch
 from probe import graphs  # this directory is first on the path of a script run from it
 
 import grace
+import grace.compat.torch
+import grace.poolgroups
 import grace.pools
 from suites.harness import memory_window_base
 from suites.modes import Mode, reset_compilers, set_grace_overrides
@@ -130,10 +132,52 @@ def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
         "pools": pools(),
         "graphs": graphs() if mode is not Mode.PT2CG else [],
         "pools_waiting": grace.pools.waiting(),
+        "step_pool": step_pool_seats() if mode is not Mode.PT2CG else [],
     }
     del step, model, inputs
     forget_compiled()
     return result
+
+
+def _mib(spans: Any) -> float:
+    return round(sum(end - start for start, end in spans or ()) / MIB, 2)
+
+
+def step_pool_seats() -> list[dict[str, Any]]:
+    """The step pool's members after the last call (Note: [A training step in one pool]): each one's
+    capture order, slot, footprint and outputs (MiB), whether it lent its outputs and which of them are
+    held now, and every member whose outputs its footprint meets, with the overlap in MiB."""
+    out: list[dict[str, Any]] = []
+    for group in list(grace.poolgroups._step_groups.values()):
+        seats = sorted(group._seats.values(), key=lambda seat: seat.order)
+        for seat in seats:
+            family = seat.graph.family
+            refs = [grace.compat.torch.storage_use_count(ref) - own for ref, own in family.refs]
+            out.append(
+                {
+                    "order": seat.order,
+                    "graph_id": getattr(seat.kin, "graph_id", None),
+                    "footprint_mib": None if seat.footprint is None else _mib(seat.footprint),
+                    "outputs_mib": _mib(seat.outputs),
+                    "lent": bool(family.owners),
+                    "kept": list(family.kept),
+                    "held_beyond_own": refs,
+                    "owners_alive": [
+                        None if o is None else grace.compat.torch.storage_use_count(o) for o in family.owners
+                    ],
+                    "overwrites": [
+                        {
+                            "order": other.order,
+                            "graph_id": getattr(other.kin, "graph_id", None),
+                            "overlap_mib": _mib(grace.poolgroups._intersection(seat.footprint, other.outputs))
+                            if seat.footprint is not None
+                            else None,
+                        }
+                        for other in seat.overwrites
+                    ],
+                }
+            )
+    return out
 
 
 def forget_compiled() -> None:
