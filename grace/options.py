@@ -85,7 +85,7 @@ class GraceOptions:
             memory pool once no output of it is held, grace.pools).
         warmup_calls: calls run without a graph before the first capture of a signature (calls with
             its shapes but an input on another device count: grace.runner's Note: [Warm-up per
-            signature, not per placement]).
+            signature, not per placement]); with ``step_pool``, steps of a training graph.
         check_numerics: compare each graph variant's outputs with the no-graph outputs once, before
             keeping it. Turning this off is unsafe and only meant for debugging.
         host_reference_bytes: for a callable that mutates none of its inputs, the deciding call runs
@@ -122,8 +122,9 @@ class GraceOptions:
         step_pool: capture every training graph of a device (AOTAutograd's forwards and backwards,
             their output sets) into one memory pool (Note: [A training step in one pool] in
             grace.poolgroups) instead of a pool each: a graph replays only while no output it may
-            overwrite, by the pool's layout around its capture, is still needed. False (the default
-            until it is measured on a GPU) gives every graph a pool of its own.
+            overwrite, by the pool's layout around its capture, is still needed; their warm-up is
+            counted in steps, not calls (Note: [Captures of a step in one step] in grace.warmup). False
+            (the default until it is measured on a GPU) gives every graph a pool of its own.
         donated_buffers: let a training backward reuse its saved tensors' memory for its own
             buffers, as AOTAutograd does by default (``torch._functorch.config.donated_buffer``) and
             grace otherwise turns off: the backward then counts those inputs as inputs it writes, so its
