@@ -333,6 +333,36 @@ def test_a_forward_in_the_step_pool_spares_a_held_gradient_it_may_overwrite(
     assert roles.count(GraphRole.BACKWARD) == 2  # the first set's gradient is held
 
 
+def test_a_steps_graphs_are_all_captured_in_one_step_in_the_order_it_runs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note: [Captures of a step in one step] in grace.warmup: a forward serving two layers a step and its
+    backward warm up through the whole first step, then every capture of the pool (an output set per
+    layer, forward then backward) happens in the second step, in the order the step runs them; the
+    third step captures nothing and every value is the eager one."""
+    generation = [1]
+    forward, backward, captures = _step_runners(monkeypatch, generation, footprints_known=True)
+    captured_in: list[int] = []
+    for step in (1, 2, 3):
+        generation[0] = step
+        saved = []
+        for layer in (1, 2):
+            x = torch.full((2, 3), float(10 * step + layer))
+            out, kept = forward(x)
+            torch.testing.assert_close(out, x * 2)
+            saved.append((kept, x + 1))
+            captured_in += [step] * (len(captures) - len(captured_in))
+        for kept, expected in reversed(saved):
+            torch.testing.assert_close(kept, expected)
+            grads = backward(kept)
+            torch.testing.assert_close(grads[0], expected * 2)
+            captured_in += [step] * (len(captures) - len(captured_in))
+        del saved, kept, grads, out
+    roles = [role for role, _ in captures]
+    assert roles == [GraphRole.FORWARD] * 2 + [GraphRole.BACKWARD] * 2
+    assert captured_in == [2, 2, 2, 2]
+
+
 def test_a_failed_capture_ends_the_routing_to_its_pool_where_torch_left_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
