@@ -48,7 +48,8 @@ slot's shapes but a dynamic input on another device (a backward given host seeds
 without a graph) runs without a graph in a slot of its own, and its calls count as warm-up calls of
 the same shapes on the graph's device: a training backward then decides in its forward's deciding
 step, while the forward's outputs are still owned (Note: [Outputs a shared pool lends] in
-grace.outputs), not one step later, when they are lent.
+grace.outputs), not one step later, when they are lent. How many warm-up calls: grace.warmup (in a
+step's pool, whole steps: Note: [Captures of a step in one step]).
 
 Threads and streams: one lock per compiled callable (``GraceRunner.lock``) is held for each call from
 the input check to the hand-out of the outputs, deciding calls, warm-up and checks included. Outputs
