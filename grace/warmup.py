@@ -50,15 +50,13 @@ class Warmup:
         """Whether this call is the deciding call; otherwise it is a warm-up call, counted here."""
         generation = torch_compat.compiled_call_generation() if self.by_step else None
         same_step = generation is not None and generation == self.generation
-        if same_step and self.calls_in_step >= _MAX_CALLS_IN_ONE_STEP:
-            same_step = False
-        if self.left <= 0 and not same_step:
-            return True
-        if same_step:
+        if same_step and self.calls_in_step < _MAX_CALLS_IN_ONE_STEP:
             self.calls_in_step += 1
-        else:
-            self.left = max(0, self.left - 1)
-            self.generation, self.calls_in_step = generation, 1
+            return False
+        if self.left <= 0:
+            return True
+        self.left -= 1
+        self.generation, self.calls_in_step = generation, 1
         return False
 
     def skip(self, calls: int) -> None:
