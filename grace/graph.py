@@ -38,7 +38,15 @@ from grace import poolgroups, pools, streams
 from grace.compat import cuda as cuda_compat
 from grace.compat import torch as torch_compat
 from grace.cudagraph import GraphSummary
-from grace.outputs import HeldState, OutputAlias, OutputFamily, _pool_outputs_all, pool_output_bytes
+from grace.outputs import (
+    HeldState,
+    OutputAlias,
+    OutputFamily,
+    _pool_outputs_all,
+    data_in_spans,
+    pool_output_bytes,
+    pool_storage_spans,
+)
 from grace.pi_contract import PIPlan
 from grace.placeholders import Bindings, Layout, StorageSpan, static_pointers, storage_spans
 
@@ -365,7 +373,7 @@ class CapturedGraph:
     ) -> None:
         """Captured into ``group``'s pool after its members, serving callable ``kin`` (grace.poolgroups)."""
         self.pool_group = group
-        group.join(self, kin=kin, footprint=footprint, outputs=self.output_spans())
+        group.join(self, kin=kin, footprint=footprint, storages=self.pool_storage_spans())
 
     def share_across_threads(self) -> None:
         """Note: [Outputs and threads] in grace.outputs (``OutputFamily.share``)."""
@@ -378,29 +386,21 @@ class CapturedGraph:
 
     def output_spans(self) -> tuple[tuple[int, int], ...]:
         """The address ranges of the storages of this graph's outputs in its pool (``pool_positions``:
-        no parameter a forward returns for its backward, no view of an input), sorted."""
-        spans = self._output_spans
-        if spans is None:
-            positions = self.pool_positions
-            found = _pool_outputs_all(self.outputs, self.aliases, self.device)
-            in_pool = [t for p, t in found.items() if positions is None or p in positions]
-            spans = self._output_spans = poolgroups.merged(
-                (s.start, s.end) for s in map(StorageSpan.of, in_pool)
-            )
-        return spans
+        no parameter a forward returns for its backward, no view of an input), sorted and merged."""
+        if self._output_spans is None:
+            self._output_spans = poolgroups.merged(self.pool_storage_spans())
+        return self._output_spans
+
+    def pool_storage_spans(self) -> tuple[tuple[int, int], ...]:
+        """Per storage of the outputs' family (``family.refs``' order), its range in the pool (empty where
+        none of ``output_spans``)."""
+        return pool_storage_spans(self.outputs, self.aliases, self.device, self.pool_positions)
 
     def outputs_read_by(self, args: Sequence[Any], indices: Sequence[int]) -> bool:
         """Whether an input at ``indices`` lies in the storage of one of this graph's outputs in its pool:
         a layer's result handed to the next layer's piece (the outputs of a graph rebound from the same
         capture share those storages, grace.rebind)."""
-        spans = self.output_spans()
-        for i in indices:
-            a = args[i]
-            if isinstance(a, torch.Tensor):
-                ptr = a.data_ptr()
-                if any(start <= ptr < end for start, end in spans):
-                    return True
-        return False
+        return data_in_spans(args, indices, self.output_spans())
 
     def note_replay(self, generation: int) -> None:
         self.outputs_owner.family.note_replay(generation, id(self))

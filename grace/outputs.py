@@ -155,6 +155,33 @@ def kept_storages(
     return tuple(key in kept for key in _pool_outputs(outputs, aliases, device))
 
 
+def pool_storage_spans(
+    outputs: list[Any], aliases: Sequence[OutputAlias], device: torch.device, positions: frozenset[int] | None
+) -> tuple[tuple[int, int], ...]:
+    """Per storage of ``output_refs`` (same order): its address range, or an empty one at its start where
+    no output at ``positions`` (None: any) lies in it."""
+    chosen = {
+        _storage_ptr(t)
+        for p, t in _pool_outputs_all(outputs, aliases, device).items()
+        if positions is None or p in positions
+    }
+    return tuple(
+        (key, key + (int(t.untyped_storage().nbytes()) if key in chosen else 0))
+        for key, t in _pool_outputs(outputs, aliases, device).items()
+    )
+
+
+def data_in_spans(args: Sequence[Any], indices: Sequence[int], spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether the data of a tensor among ``args`` at ``indices`` starts in one of ``spans``."""
+    for i in indices:
+        a = args[i]
+        if isinstance(a, torch.Tensor):
+            ptr = a.data_ptr()
+            if any(start <= ptr < end for start, end in spans):
+                return True
+    return False
+
+
 def pool_positions(
     outputs: list[Any],
     aliases: Sequence[OutputAlias],
@@ -288,16 +315,13 @@ class OutputFamily:
         """The held checks over every storage of ``refs`` and over the kept ones, built once per ``refs``."""
         checks = self._held_checks
         if checks is None:
-            # A lent output is held too while a tensor of the storage it was handed out from lives.
-            lent = [(owner, 0) for owner in self.owners if owner is not None]
-            kept = [pair for pair, keeps in zip(self.refs, self.kept, strict=False) if keeps]
-            kept_lent = zip(self.owners, self.kept, strict=False)
-            kept += [(owner, 0) for owner, keeps in kept_lent if keeps and owner is not None]
-            checks = self._held_checks = (
-                torch_compat.StoragesHeld([*self.refs, *lent]),
-                torch_compat.StoragesHeld(kept),
-            )
+            checks = self._held_checks = _held_checks(self.refs, self.owners, self.kept)
         return checks
+
+    def part(self, indices: Sequence[int]) -> OutputPart:
+        """The storages at ``indices`` of ``refs`` (Note: [What a replay can overwrite] in
+        grace.poolgroups)."""
+        return OutputPart(self, tuple(indices))
 
     @property
     def hands_out_aliases(self) -> bool:
@@ -367,3 +391,59 @@ class OutputFamily:
             ]
         else:
             self.refs = [(ref, 0) for ref, _ in self.refs]
+
+
+def _held_checks(
+    refs: Sequence[tuple[Any, int]], owners: Sequence[Any], kept: Sequence[bool]
+) -> tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld]:
+    """Whether any of ``refs`` is held, and any of the kept ones (``kept``, per ref): a lent output (its
+    ``owners`` entry not None) is held too while a tensor of the storage it was handed out from lives."""
+    lent = [(owner, 0) for owner in owners if owner is not None]
+    kept_pairs = [pair for pair, keeps in zip(refs, kept, strict=False) if keeps]
+    kept_pairs += [
+        (owner, 0) for owner, keeps in zip(owners, kept, strict=False) if keeps and owner is not None
+    ]
+    return torch_compat.StoragesHeld([*refs, *lent]), torch_compat.StoragesHeld(kept_pairs)
+
+
+@dataclass(eq=False)
+class OutputPart:
+    """Some storages of an ``OutputFamily`` (``indices`` in its ``refs``): the family's held questions
+    asked of those alone, for a replay whose footprint meets only them (Note: [What a replay can
+    overwrite] in grace.poolgroups). The checks are rebuilt whenever the family's ``refs`` are replaced
+    (lent, shared across threads); an index past them makes every question the whole family's."""
+
+    family: OutputFamily
+    indices: tuple[int, ...]
+    _for_refs: Any = field(default=None, repr=False)
+    _checks: tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld] | None = field(
+        default=None, repr=False
+    )
+
+    def counted_held(self) -> bool:
+        return self._current()[0]()
+
+    def kept_held(self) -> bool:
+        return self._current()[1]()
+
+    def held_beyond_graph(self) -> bool:
+        """``OutputFamily.held_beyond_graph`` over these storages."""
+        family = self.family
+        if not family.released:
+            return self.counted_held()
+        if any(i >= len(family.refs) for i in self.indices):
+            return family.held_beyond_graph()
+        owners = [family.owners[i] for i in self.indices if i < len(family.owners)]
+        refs = [family.refs[i][0] for i in self.indices] + [o for o in owners if o is not None]
+        return any(torch_compat.storage_use_count(ref) > 0 for ref in refs)
+
+    def _current(self) -> tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld]:
+        family = self.family
+        if any(i >= len(family.refs) for i in self.indices):
+            return family._checks()
+        if self._checks is None or self._for_refs is not family.refs:
+            refs = [family.refs[i] for i in self.indices]
+            owners = [family.owners[i] if i < len(family.owners) else None for i in self.indices]
+            kept = [i < len(family.kept) and family.kept[i] for i in self.indices]
+            self._checks, self._for_refs = _held_checks(refs, owners, kept), family.refs
+        return self._checks

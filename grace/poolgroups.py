@@ -19,17 +19,20 @@ sets are taken earliest first, as a stack (grace.outputsets). A group also keeps
 one family does (Note: [Stream order] in grace.streams), so that no two members run at once.
 
 Note: [What a replay can overwrite] A replay writes only memory its capture allocated (its outputs and
-temporaries) or memory outside the pool. Where the allocator's history can be recorded around the
-capture (``allocator.AllocationTrace``), those blocks are the footprint. Otherwise the capture reads the
-pool's layout (segments and blocks in use) before and after: its replays can write only the pool's
-memory that was not in use by others throughout, that is every segment after the capture less the
-blocks in use both before and after, plus its own outputs (``capture_footprint``): every free block,
-which makes a replay wait for nearly every member captured after it. Joining the group,
-a graph is noted as overwritten by each member whose footprint meets its outputs, and as overwriting
-each member whose outputs its footprint meets; a replay checks only those members, not the whole
-group. The first output set, captured alone before its group was made, takes the whole pool as it is
-then (``PoolGroup.around``). Where the layout is unknown (no snapshot in this torch), the footprint is
-taken to be everything: the graph overwrites every member captured after it.
+temporaries) or memory outside the pool. Where the allocator's history can be recorded around the capture
+(``allocator.AllocationTrace``), those blocks are the footprint. Otherwise the capture reads the pool's
+layout (segments and blocks in use) before and after: its replays can write only the pool's memory that
+was not in use by others throughout, that is every segment after the capture less the blocks in use both
+before and after, plus its own outputs (``capture_footprint``): every free block, which makes a replay
+wait for nearly every member captured after it. Joining the group, a graph is noted as overwritten by each
+member whose footprint meets its outputs, and as overwriting each member whose outputs its footprint
+meets; a replay checks only those members, not the whole group, and of each only the output storages its
+footprint meets (``OutputFamily.part``): a forward hands out a result its caller drops at once beside
+tensors autograd keeps until the backward, and a later capture may take the result's memory; its replays
+must wait for the result, never for the kept tensors, or they would be refused until the backward and the
+slot would make a set per call. The first output set, captured alone before its group was made, takes the
+whole pool as it is then (``PoolGroup.around``). Where the layout is unknown (no snapshot in this torch),
+the footprint is taken to be everything: the graph overwrites every member captured after it.
 
 Note: [A training step in one pool] (option ``step_pool``) Every graph a device's training step
 captures (AOTAutograd's forwards and backwards, and their output sets) goes into one pool, as cudagraph
@@ -149,15 +152,35 @@ def whole_pool(layout: PoolLayout | None) -> Spans | None:
 @dataclass(eq=False)
 class _Seat:
     """A member of a pool group: its graph, which callable it serves (``kin``), its footprint (None:
-    unknown, taken as every later member's memory) and outputs, the members its replay may overwrite an
-    output of, and where it was captured among the group's members (``order``, increasing)."""
+    unknown, taken as every later member's memory), its outputs and, where known, each output storage's
+    span (``storages``, in its family's order), the members its replay may overwrite an output of, and
+    where it was captured among the group's members (``order``, increasing)."""
 
     graph: Any
     kin: object
     footprint: Spans | None
     outputs: Spans
+    storages: tuple[Span, ...] = ()
     order: int = 0
-    overwrites: list[_Seat] = field(default_factory=list)
+    overwrites: list[_Overwrite] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Overwrite:
+    """A member (``seat``) a replay may overwrite outputs of, and which: ``part``, the storages of its
+    family the replay's footprint meets (``OutputFamily.part``), or None for every one."""
+
+    seat: _Seat
+    part: Any = None
+
+
+def _met(footprint: Spans | None, seat: _Seat) -> Any:
+    """The part of ``seat``'s outputs that ``footprint`` meets, or None for all of them (an unknown
+    footprint, or storages not told apart)."""
+    if footprint is None or not seat.storages:
+        return None
+    met = [i for i, span in enumerate(seat.storages) if span[1] > span[0] and overlap(footprint, (span,))]
+    return seat.graph.family.part(met)
 
 
 class PoolGroup:
@@ -176,6 +199,7 @@ class PoolGroup:
         kin: object = None,
         footprint: Spans | None = None,
         outputs: Spans = (),
+        storages: tuple[Span, ...] = (),
     ) -> None:
         self.handle = handle
         self.members: list[Any] = []
@@ -185,14 +209,14 @@ class PoolGroup:
         self.last_stream_key: int | None = None
         self._captured_into = first is not None  # a capture used the pool id
         if first is not None:
-            self.join(first, kin=kin, footprint=footprint, outputs=outputs)
+            self.join(first, kin=kin, footprint=footprint, outputs=outputs, storages=storages)
 
     @classmethod
     def around(cls, graph: Any, handle: Any, kin: object) -> PoolGroup:
         """A group with ``graph``, captured alone into pool ``handle``, as its first member: its footprint
         is the whole pool as it is now."""
         footprint = whole_pool(allocator.pool_layout(graph.device, handle))
-        return cls(handle, graph, kin=kin, footprint=footprint, outputs=graph.output_spans())
+        return cls(handle, graph, kin=kin, footprint=footprint, storages=graph.pool_storage_spans())
 
     def capture_handle(self) -> Any:
         """The pool id the next capture into the group uses: a fresh one once a capture used the pool
@@ -204,18 +228,26 @@ class PoolGroup:
         return self.handle
 
     def join(
-        self, graph: Any, *, kin: object = None, footprint: Spans | None = None, outputs: Spans = ()
+        self,
+        graph: Any,
+        *,
+        kin: object = None,
+        footprint: Spans | None = None,
+        outputs: Spans = (),
+        storages: tuple[Span, ...] = (),
     ) -> None:
         """``graph`` was captured into the pool after every member; ``footprint``: the memory its replays
-        may write (``capture_footprint``), ``outputs``: its outputs' storages."""
+        may write (``capture_footprint``); ``storages``: its output storages' spans in its family's order
+        (``CapturedGraph.pool_storage_spans``), or only ``outputs``, their union."""
+        outputs = outputs or merged(storages)
         with _lock:  # a release in another thread may leave at the same time
-            seat = _Seat(graph, kin, footprint, outputs, order=self._joined)
+            seat = _Seat(graph, kin, footprint, outputs, storages, order=self._joined)
             self._joined += 1
             for other in self._seats.values():
                 if other.footprint is None or overlap(other.footprint, outputs):
-                    other.overwrites.append(seat)
+                    other.overwrites.append(_Overwrite(seat, _met(other.footprint, seat)))
                 if footprint is not None and overlap(footprint, other.outputs):
-                    seat.overwrites.append(other)
+                    seat.overwrites.append(_Overwrite(other, _met(footprint, other)))
             self._seats[id(graph)] = seat
             self.members = [*self.members, graph]
 
@@ -225,7 +257,7 @@ class PoolGroup:
             self.members = [m for m in self.members if m is not graph]
             if seat is not None:
                 for other in self._seats.values():
-                    other.overwrites = [s for s in other.overwrites if s is not seat]
+                    other.overwrites = [o for o in other.overwrites if o.seat is not seat]
 
     def position(self, graph: Any) -> int:
         """Where ``graph`` was captured into the pool, as an order among the members (later captures
@@ -247,20 +279,23 @@ class PoolGroup:
         seat = self._seats.get(id(graph))
         if seat is None:
             return None
-        for other in seat.overwrites:
-            if _still_needed(other, seat.kin, generation, args):
-                return str(getattr(other.kin, "graph_id", "another member"))
+        for over in seat.overwrites:
+            if _still_needed(over, seat.kin, generation, args):
+                return str(getattr(over.seat.kin, "graph_id", "another member"))
         return None
 
 
-def _still_needed(other: _Seat, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
-    """Whether an output of ``other`` is still needed (``PoolGroup.overwritten_held``)."""
+def _still_needed(over: _Overwrite, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
+    """Whether an output of ``over.seat`` that the replay may overwrite (``over.part``) is still needed
+    (``PoolGroup.overwritten_held``)."""
+    other = over.seat
     family = other.graph.family
+    met = family if over.part is None else over.part
     if family.released:
-        return bool(family.held_beyond_graph())
-    if family.kept_held():
+        return bool(met.held_beyond_graph())
+    if met.kept_held():
         return True
-    if not family.counted_held():
+    if not met.counted_held():
         return False
     if other.kin is not kin or args is None or family.last_generation == generation:
         return True  # another callable's, held in this call, or no way to tell

@@ -79,6 +79,31 @@ def test_a_lent_output_is_held_through_either_storage() -> None:
     assert arrays  # the memory outlived both storages
 
 
+def test_a_part_of_a_family_answers_for_its_own_storages_lent_or_not() -> None:
+    """Note: [What a replay can overwrite] in grace.poolgroups: a replay whose footprint meets only the
+    result (storage 0) waits for the result, not for the tensor autograd keeps (storage 1), before and
+    after the outputs are lent (the family's references replaced), and after the graph is released."""
+    arrays, outputs = _numpy_outputs(2)
+    family = OutputFamily.of(outputs, (), CPU, kept_from=1)
+    result, kept = family.part([0]), family.part([1])
+    handed = [t.detach() for t in outputs]
+    assert family.kept_held() and kept.kept_held() and not result.kept_held()
+    del handed[0]  # the caller dropped the result
+    assert family.counted_held() and kept.counted_held() and not result.counted_held()
+    assert family.lend(outputs, (), CPU, frozenset({0, 1}))
+    assert kept.kept_held() and not result.counted_held()  # rebuilt over the new references
+    replayed = [t.detach() for t in outputs]
+    del handed
+    assert result.counted_held() and not result.kept_held() and kept.kept_held()
+    del replayed[1]
+    assert not kept.counted_held() and result.counted_held()
+    family.released = True  # the graph dropped its own tensors
+    outputs.clear()
+    assert result.held_beyond_graph() and not kept.held_beyond_graph()
+    assert family.part([5]).counted_held() == family.counted_held()  # past the references: the family's
+    assert arrays
+
+
 def test_only_outputs_in_the_pool_are_lent() -> None:
     """A parameter a forward returns for its backward is no output in the pool: it stays owned."""
     weight = torch.ones(4)

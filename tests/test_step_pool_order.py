@@ -5,7 +5,9 @@ A stand-in of the allocator on the CPU: the pool is eight blocks (tensors of the
 the first free ones as its outputs, and its footprint is every block free at its capture (its outputs
 and what its temporaries could take). A once-a-step graph ``P`` runs first in each step and its output
 is held through the step; a layer graph ``L`` runs for two layers after it, each layer's output held
-through the step too (as saved tensors are).
+through the step too (as saved tensors are). With ``lends``, a block is free once nothing but the pool
+holds it (outputs lent, as on a GPU where the pool's layout is known); then a once-a-step ``P2`` hands
+out a result its caller drops at once beside a tensor autograd keeps through the step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import grace.runplan
 import grace.slot
 import grace.warmup
 from grace import poolgroups, stats
+from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
 from grace.runner import GraceRunner, RunnerPlan
@@ -29,27 +32,42 @@ from grace.warmup import Warmup
 CPU = torch.device("cpu")
 
 
-class _Pool:
-    """Eight blocks; a block is in use while a member of ``group`` holds it as an output."""
+SCALES = {"P": (3.0,), "P2": (3.0, 5.0), "L": (2.0,)}  # per graph, the scale of each output
 
-    def __init__(self, group: poolgroups.PoolGroup) -> None:
-        self.group = group
+
+def _use_count(block: torch.Tensor) -> int:
+    return torch_compat.storage_use_count(torch_compat.storage_weak_ref(block))
+
+
+class _Pool:
+    """Eight blocks; a block is in use while a member of ``group`` holds it as an output, or, where the
+    pool ``lends``, while anything but the pool holds it."""
+
+    def __init__(self, group: poolgroups.PoolGroup, lends: bool = False) -> None:
+        self.group, self.lends = group, lends
         self.blocks = [torch.zeros(2, 3) for _ in range(8)]
+        self.own = [_use_count(b) for b in self.blocks]  # the count of a block nothing else holds
 
     def free(self) -> list[torch.Tensor]:
+        if self.lends:
+            return [b for b, own in zip(self.blocks, self.own, strict=True) if _use_count(b) == own]
         used = {o.data_ptr() for m in self.group.members for o in m.outputs}
         return [b for b in self.blocks if b.data_ptr() not in used]
 
     def capture(self, facts: Any, args: Sequence[Any]) -> Any:
         free = self.free()
-        out, placeholder = free[0], torch.zeros(2, 3)
-        scale = 3.0 if facts.plan.graph_hash == "P" else 2.0
+        scales = SCALES[facts.plan.graph_hash]
+        outs, placeholder = tuple(free[: len(scales)]), torch.zeros(2, 3)
 
         class Writes:
             def replay(self) -> None:
-                out.copy_(placeholder * scale)
+                for out, scale in zip(outs, scales, strict=True):
+                    out.copy_(placeholder * scale)
 
-        graph = fakes.captured_graph(Writes(), placeholders={0: placeholder}, outputs=[out], kept_from=0)
+        kept_from = len(scales) - 1  # the last output is the one autograd keeps
+        graph = fakes.captured_graph(
+            Writes(), placeholders={0: placeholder}, outputs=list(outs), kept_from=kept_from
+        )
         footprint = poolgroups.merged(
             (b.data_ptr(), b.data_ptr() + b.untyped_storage().nbytes()) for b in free
         )
@@ -57,13 +75,14 @@ class _Pool:
         return graph
 
 
-def _steps(monkeypatch: pytest.MonkeyPatch, by_step: bool) -> dict[str, Any]:
-    """Four steps of ``P`` then ``L`` twice; every value checked against eager; the stats of ``L``."""
+def _steps(monkeypatch: pytest.MonkeyPatch, by_step: bool, once_name: str = "P") -> dict[str, Any]:
+    """Four steps of ``once_name`` (``P`` or ``P2``) then ``L`` twice; every value checked against eager;
+    the stats of ``L``. ``P2``'s result is dropped before ``L`` runs, its kept tensor held to the end."""
     generation = [1]
     monkeypatch.setattr(grace.warmup.torch_compat, "compiled_call_generation", lambda: generation[0])
     group = poolgroups.PoolGroup((0, 9))
     monkeypatch.setattr(grace.runplan, "step_group", lambda device: group)
-    pool = _Pool(group)
+    pool = _Pool(group, lends=once_name == "P2")
     fakes.cpu_warmup(monkeypatch)
     fakes.use_decide(monkeypatch, fakes.decides_graph(pool.capture))
     if not by_step:  # warm-up counted in calls, as before
@@ -72,21 +91,26 @@ def _steps(monkeypatch: pytest.MonkeyPatch, by_step: bool) -> dict[str, Any]:
     options = GraceOptions(step_pool=True)
     indices: dict[str, Any] = {"static_indices": (), "dynamic_indices": (0,), "scalar_indices": ()}
 
-    def runner(name: str, scale: float) -> GraceRunner:
-        plan = RunnerPlan(name, CPU, **indices, role=GraphRole.FORWARD, kept_from=0)
-        return GraceRunner(lambda x: [x * scale], plan, options, None)
+    def runner(name: str) -> GraceRunner:
+        scales = SCALES[name]
+        plan = RunnerPlan(name, CPU, **indices, role=GraphRole.FORWARD, kept_from=len(scales) - 1)
+        return GraceRunner(lambda x: [x * scale for scale in scales], plan, options, None)
 
-    once, layer = runner("P", 3.0), runner("L", 2.0)
+    once, layer = runner(once_name), runner("L")
     for step in range(1, 5):
         generation[0] = step
         x = torch.full((2, 3), float(step))
-        held = [(once(x)[0], x * 3)]
+        *result, kept = once(x)
+        if result:  # used, then dropped before the layers run
+            torch.testing.assert_close(result[0], x * 3)
+            del result
+        held = [(kept, x * SCALES[once_name][-1])]
         for k in (1, 2):
             y = x + k
             held.append((layer(y)[0], y * 2))
         for value, expected in held:  # nothing held was overwritten by a later replay
             torch.testing.assert_close(value, expected)
-        del held, value
+        del held, value, kept
     (record,) = (r for r in stats.snapshot() if r["graph_hash"] == "L")
     stats.forget_all()
     return record
@@ -94,7 +118,7 @@ def _steps(monkeypatch: pytest.MonkeyPatch, by_step: bool) -> dict[str, Any]:
 
 def test_in_one_step_no_replay_is_refused_for_another_members_output(monkeypatch: pytest.MonkeyPatch) -> None:
     record = _steps(monkeypatch, by_step=True)
-    assert record["graphs_held"] == 2  # a set per layer
+    assert record["graphs_held"] == 2, record["skip_reasons"]  # a set per layer
     assert not any("overwrite" in reason for reason in record["set_blocks"]), record["set_blocks"]
 
 
@@ -104,3 +128,15 @@ def test_in_two_steps_the_layer_set_is_refused_for_the_later_capture(monkeypatch
     record = _steps(monkeypatch, by_step=False)
     assert record["graphs_held"] == 3
     assert any("overwrite" in reason for reason in record["set_blocks"]), record["set_blocks"]
+
+
+def test_a_dropped_result_beside_a_kept_tensor_does_not_refuse_the_set_captured_over_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note: [What a replay can overwrite] in grace.poolgroups: ``L``'s first set is captured over the
+    block of ``P2``'s dropped result. In every later step that block is free again when ``L`` replays
+    while ``P2``'s kept tensor is held: only the storages a footprint meets count, so the set replays
+    (counted per member, it was refused until the backward and ``L`` made a set per call)."""
+    record = _steps(monkeypatch, by_step=True, once_name="P2")
+    assert record["graphs_held"] == 2, record["skip_reasons"]  # a set per layer
+    assert not any("overwrite" in reason for reason in record["set_blocks"]), record["set_blocks"]

@@ -28,8 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pool_trace  # this directory is first on the path of a script run from it
 import torch
-from probe import graphs  # this directory is first on the path of a script run from it
+from probe import graphs
 
 import grace
 import grace.compat.torch
@@ -120,7 +121,8 @@ def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
     instrument(step, meter)
     per_call = []
     with torch.no_grad():
-        for _ in range(calls):
+        for index in range(calls):
+            pool_trace.STEP = index + 1
             t0 = time.perf_counter()
             loss = step(*inputs)
             del loss
@@ -133,6 +135,7 @@ def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
         "graphs": graphs() if mode is not Mode.PT2CG else [],
         "pools_waiting": grace.pools.waiting(),
         "step_pool": step_pool_seats() if mode is not Mode.PT2CG else [],
+        "pool_trace": pool_trace.events(),
     }
     del step, model, inputs
     forget_compiled()
@@ -173,7 +176,7 @@ def step_pool_seats() -> list[dict[str, Any]]:
                             if seat.footprint is not None
                             else None,
                         }
-                        for other in seat.overwrites
+                        for other in (over.seat for over in seat.overwrites)
                     ],
                 }
             )
@@ -219,7 +222,10 @@ def main() -> int:
     parser.add_argument("--modes", default="pt2cg;grace;grace:max_output_sets=16")
     parser.add_argument("--calls", type=int, default=6)
     parser.add_argument("--deadline-s", type=float, default=300.0)
+    parser.add_argument("--trace", action="store_true", help="record the step pool's timeline (pool_trace)")
     args = parser.parse_args()
+    if args.trace:
+        pool_trace.install()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
     results = environment()
