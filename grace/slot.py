@@ -414,8 +414,7 @@ class GraphSlot:
         return rebound.graph
 
     def _moved_static_text(self, args: Sequence[Any]) -> str:
-        graph = self.graph
-        if graph is None:
+        if (graph := self.graph) is None:
             return "no graph"
         moved = [i for i in graph.static_indices if args[i].data_ptr() != graph.static_ptrs[i]]
         shown = ", ".join(f"input {i} {tuple(args[i].shape)}" for i in moved[:3])
@@ -430,8 +429,9 @@ class GraphSlot:
         with runner.lock:
             group = poolgroups.for_capture(pool_group or runner.plan.step_pool(runner.options), self.record)
             out = self.apply(deciding.decide(self.facts(group), args), args)
-            if group is not None:  # Note: [Outputs a shared pool lends] in grace.outputs
-                poolgroups.lend_outputs(self.graph)
+            if group is not None:  # Note: [Outputs a shared pool lends] in grace.outputs: every set, also
+                for graph in [self.graph, *(k.graph for k in self.kept)]:  # one whose replay was refused
+                    poolgroups.lend_outputs(graph)
             return out
 
     def apply(self, decision: deciding.SlotDecision, args: Sequence[Any]) -> Any:

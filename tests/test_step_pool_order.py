@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import fakes
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,7 @@ import grace.runplan
 import grace.slot
 import grace.warmup
 from grace import poolgroups, stats
+from grace.compat import allocator
 from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
 from grace.options import GraceOptions
@@ -35,66 +37,88 @@ CPU = torch.device("cpu")
 SCALES = {"P": (3.0,), "P2": (3.0, 5.0), "L": (2.0,)}  # per graph, the scale of each output
 
 
-def _use_count(block: torch.Tensor) -> int:
-    return torch_compat.storage_use_count(torch_compat.storage_weak_ref(block))
-
-
 class _Pool:
-    """Eight blocks; a block is in use while a member of ``group`` holds it as an output, or, where the
-    pool ``lends``, while anything but the pool holds it."""
+    """Eight blocks of memory; a capture takes the first free ones for its outputs, and its footprint is
+    every block free then. Without ``lends`` a block is in use while a member of ``group`` has it as an
+    output. With ``lends`` the memory is arrays whose torch storages are made per capture, and grace
+    lends the outputs (Note: [Outputs a shared pool lends] in grace.outputs): a block is free once every
+    storage a capture made over it has died, as the allocator frees a block with its last storage."""
 
     def __init__(self, group: poolgroups.PoolGroup, lends: bool = False) -> None:
         self.group, self.lends = group, lends
         self.blocks = [torch.zeros(2, 3) for _ in range(8)]
-        self.own = [_use_count(b) for b in self.blocks]  # the count of a block nothing else holds
+        self.arrays = [np.zeros((2, 3), dtype=np.float32) for _ in range(8)]
+        self.owners: list[list[Any]] = [[] for _ in range(8)]  # per block, the storages captures made
 
-    def free(self) -> list[torch.Tensor]:
+    def free(self) -> list[int]:
         if self.lends:
-            return [b for b, own in zip(self.blocks, self.own, strict=True) if _use_count(b) == own]
+            return [
+                i for i, refs in enumerate(self.owners) if not any(map(torch_compat.storage_use_count, refs))
+            ]
         used = {o.data_ptr() for m in self.group.members for o in m.outputs}
-        return [b for b in self.blocks if b.data_ptr() not in used]
+        return [i for i, b in enumerate(self.blocks) if b.data_ptr() not in used]
+
+    def _memory(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``i`` as a capture's own output and as its replay's view."""
+        if not self.lends:
+            return self.blocks[i], self.blocks[i]
+        own = torch.from_numpy(self.arrays[i])
+        self.owners[i].append(torch_compat.storage_weak_ref(own))
+        return own, torch.from_numpy(self.arrays[i])
 
     def capture(self, facts: Any, args: Sequence[Any]) -> Any:
         free = self.free()
         scales = SCALES[facts.plan.graph_hash]
-        outs, placeholder = tuple(free[: len(scales)]), torch.zeros(2, 3)
+        outs, writers = zip(*(self._memory(i) for i in free[: len(scales)]), strict=True)
+        placeholder = torch.zeros(2, 3)
 
         class Writes:
             def replay(self) -> None:
-                for out, scale in zip(outs, scales, strict=True):
+                for out, scale in zip(writers, scales, strict=True):
                     out.copy_(placeholder * scale)
 
         kept_from = len(scales) - 1  # the last output is the one autograd keeps
         graph = fakes.captured_graph(
             Writes(), placeholders={0: placeholder}, outputs=list(outs), kept_from=kept_from
         )
-        footprint = poolgroups.merged(
-            (b.data_ptr(), b.data_ptr() + b.untyped_storage().nbytes()) for b in free
-        )
+        graph.pool_positions = frozenset(range(len(outs)))
+        footprint = poolgroups.merged(_span(self.arrays[i] if self.lends else self.blocks[i]) for i in free)
         graph.join_pool_group(facts.pool_group, facts.record, footprint)
         return graph
 
 
-def _steps(monkeypatch: pytest.MonkeyPatch, by_step: bool, once_name: str = "P") -> dict[str, Any]:
+def _span(block: Any) -> tuple[int, int]:
+    if isinstance(block, np.ndarray):
+        return block.ctypes.data, block.ctypes.data + block.nbytes
+    return block.data_ptr(), block.data_ptr() + block.untyped_storage().nbytes()
+
+
+def _steps(
+    monkeypatch: pytest.MonkeyPatch, by_step: bool, once_name: str = "P", **options: Any
+) -> dict[str, Any]:
     """Four steps of ``once_name`` (``P`` or ``P2``) then ``L`` twice; every value checked against eager;
-    the stats of ``L``. ``P2``'s result is dropped before ``L`` runs, its kept tensor held to the end."""
+    the stats of ``L``, with ``"lent"``: whether each of its sets lent its outputs. ``P2``'s result is
+    dropped before ``L`` runs, its kept tensor held to the end; with ``P2`` the pool lends."""
     generation = [1]
     monkeypatch.setattr(grace.warmup.torch_compat, "compiled_call_generation", lambda: generation[0])
     group = poolgroups.PoolGroup((0, 9))
     monkeypatch.setattr(grace.runplan, "step_group", lambda device: group)
-    pool = _Pool(group, lends=once_name == "P2")
+    lends = once_name == "P2"
+    if lends:
+        monkeypatch.setattr(allocator, "has_pool_layout", lambda: True)
+    pool = _Pool(group, lends=lends)
     fakes.cpu_warmup(monkeypatch)
     fakes.use_decide(monkeypatch, fakes.decides_graph(pool.capture))
     if not by_step:  # warm-up counted in calls, as before
         monkeypatch.setattr(grace.slot, "Warmup", lambda left, by_step: Warmup(left))
     stats.forget_all()
-    options = GraceOptions(step_pool=True)
+    grace_options = GraceOptions(step_pool=True, **options)
     indices: dict[str, Any] = {"static_indices": (), "dynamic_indices": (0,), "scalar_indices": ()}
 
     def runner(name: str) -> GraceRunner:
         scales = SCALES[name]
         plan = RunnerPlan(name, CPU, **indices, role=GraphRole.FORWARD, kept_from=len(scales) - 1)
-        return GraceRunner(lambda x: [x * scale for scale in scales], plan, options, None)
+        return GraceRunner(lambda x: [x * scale for scale in scales], plan, grace_options, None)
 
     once, layer = runner(once_name), runner("L")
     for step in range(1, 5):
@@ -112,6 +136,11 @@ def _steps(monkeypatch: pytest.MonkeyPatch, by_step: bool, once_name: str = "P")
             torch.testing.assert_close(value, expected)
         del held, value, kept
     (record,) = (r for r in stats.snapshot() if r["graph_hash"] == "L")
+    record["lent"] = [
+        bool(m.family.owners)
+        for m in group.members
+        if getattr(group._seats[id(m)].kin, "graph_hash", "") == "L"
+    ]
     stats.forget_all()
     return record
 
@@ -140,3 +169,14 @@ def test_a_dropped_result_beside_a_kept_tensor_does_not_refuse_the_set_captured_
     record = _steps(monkeypatch, by_step=True, once_name="P2")
     assert record["graphs_held"] == 2, record["skip_reasons"]  # a set per layer
     assert not any("overwrite" in reason for reason in record["set_blocks"]), record["set_blocks"]
+
+
+def test_every_set_a_nested_deciding_call_made_lends_its_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note: [Outputs a shared pool lends] in grace.outputs: with the replay check counted per member
+    (as before the per-storage check), ``L``'s new set is refused at its first replay and a nested
+    deciding call makes another, to the bound of three sets. Every set lends its outputs, also those
+    whose outputs were never handed out (the outer calls'), and every value is eager's."""
+    monkeypatch.setattr(poolgroups, "_met", lambda footprint, seat: None)
+    record = _steps(monkeypatch, by_step=True, once_name="P2", max_output_sets=3)
+    assert record["graphs_held"] >= 2 and any("overwrite" in r for r in record["set_blocks"]), record
+    assert record["lent"] and all(record["lent"]), record["lent"]
