@@ -56,7 +56,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from grace.compat import allocator
 from grace.compat.allocator import PoolLayout, Span
@@ -165,16 +165,24 @@ class _Seat:
     overwrites: list[_Overwrite] = field(default_factory=list)
 
 
+class _HeldPart(Protocol):
+    """Some storages of a member's outputs (``OutputFamily.part``), asked what the family is asked."""
+
+    def kept_held(self) -> bool: ...
+    def counted_held(self) -> bool: ...
+    def held_beyond_graph(self) -> bool: ...
+
+
 @dataclass(eq=False)
 class _Overwrite:
     """A member (``seat``) a replay may overwrite outputs of, and which: ``part``, the storages of its
-    family the replay's footprint meets (``OutputFamily.part``), or None for every one."""
+    family the replay's footprint meets, or None for every one."""
 
     seat: _Seat
-    part: Any = None
+    part: _HeldPart | None = None
 
 
-def _met(footprint: Spans | None, seat: _Seat) -> Any:
+def _met(footprint: Spans | None, seat: _Seat) -> _HeldPart | None:
     """The part of ``seat``'s outputs that ``footprint`` meets, or None for all of them (an unknown
     footprint, or storages not told apart)."""
     if footprint is None or not seat.storages:
