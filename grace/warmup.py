@@ -7,9 +7,10 @@ of a step's backward later still. In a pool that a step's graphs share (option `
 training step in one pool] in grace.poolgroups) that order is what goes wrong: a capture allocates the
 blocks free at its moment, and a capture made one step after another member's finds that member's
 lent outputs free (they died at the end of the earlier step), though in a steady step they are alive
-when the later member replays. Its replay would overwrite them, so it is refused, the slot makes
-another output set, which lands on other such blocks: DeBERTa's and BlenderbotSmall's layer graphs
-kept 10 to 30 sets where one a layer suffices.
+when the later member replays. Its replay would overwrite them, so it is refused in every step and the
+slot makes another output set, which lands on other such blocks. (The many sets DeBERTa's and
+BlenderbotSmall's layer graphs kept had another cause, found after this change: Note: [What a replay
+can overwrite] in grace.poolgroups.)
 
 Note: [Captures of a step in one step] For training graphs in a step's pool, warm-up is counted in
 steps (compiled-call generations, ``torch_compat.compiled_call_generation``: the user's
