@@ -68,9 +68,9 @@ pool is allowed only while no output of any member lies in such a free block and
 of its own. Replays stay ordered by footprints (Note: [What a replay can overwrite] in
 grace.poolgroups), which now also meet outputs of members captured earlier. The held checks count both
 storages of a lent output: the unowned one beyond the graph's own tensors and the one it had owned.
-A deciding call lends every set of its slot that has not lent yet: where its replay was refused and a
-nested deciding call made another set, the first set's outputs were never handed out, and unlent they
-would stay allocated for as long as the set lives.
+A deciding call lends every set of its slot that has not lent yet: where its replay was refused (Note:
+[One new set per call] in grace.outputsets), the new set's outputs were never handed out, and unlent
+they would stay allocated for as long as the set lives.
 
 Invariant: nothing here holds an output beyond the graph's own list; weak references only.
 """

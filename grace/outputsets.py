@@ -20,7 +20,16 @@ every earlier one for layer 2, and the slot would make a new set at every step. 
 is free first looks for an earlier free one (``earlier_free_set``); one whose set is held goes to
 ``free_set`` at once, which tries every set earliest first.
 
-Invariant: a set is picked only when ``held_outputs`` says a replay overwrites nothing held.
+Note: [One new set per call]
+A deciding call ends with a replay of the set it just made. Where that replay is refused (in a shared
+pool, an output of another member under the new set's footprint is still held), the call makes no
+further set: it runs without a graph, the new set stays with the slot with its first replay checked
+against the no-graph callable, and later calls take it when it is free or make the next one. Made
+within the deciding call, each further set would meet the same held output, so one call could make
+sets to the bound, every one kept allocated.
+
+Invariants: a set is picked only when ``held_outputs`` says a replay overwrites nothing held; a call
+makes at most one set.
 """
 
 from __future__ import annotations

@@ -220,3 +220,13 @@ def rebind(
         cuda_compat.graph_destroy(clone)
         raise _declined(f"{type(exc).__name__}: {exc}") from exc
     return CapturedGraph.rebound_from(origin, RawGraph(clone, graph_exec, origin.device), args)
+
+
+def moved_static_text(graph: CapturedGraph | None, args: Sequence[Any]) -> str:
+    """Which of ``graph``'s static inputs ``args`` moved, for a skip reason."""
+    if graph is None:
+        return "no graph"
+    moved = [i for i in graph.static_indices if args[i].data_ptr() != graph.static_ptrs[i]]
+    shown = ", ".join(f"input {i} {tuple(args[i].shape)}" for i in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return f"{len(moved)} of {len(graph.static_indices)} static inputs: {shown}{more}"

@@ -32,6 +32,7 @@ from grace.capture import CapturedGraph, HeldState, run_on_side_stream
 from grace.compat import torch as torch_compat
 from grace.compat.aot import GraphRole
 from grace.reasons import SkipCode, SkipReason, log_once
+from grace.rebind import moved_static_text
 from grace.recent import RecentSlot
 from grace.rerun import CallStart, input_versions
 from grace.runplan import SlotFacts, SlotOwner
@@ -86,6 +87,7 @@ class GraphSlot:
         self.kept: list[_KeptGraph] = []
         # grace.rebind: no more graphs sharing outputs (Note: [Layers that hold each other's outputs])
         self.rebind_blocked = False
+        self.deciding = False  # inside this slot's deciding call (Note: [One new set per call])
         # The runner's check of this slot's signature (built on its first call; None: no C++ check).
         self.recent: RecentSlot[GraphSlot] | None = None
 
@@ -187,6 +189,9 @@ class GraphSlot:
 
     def _another_output_set(self, args: Sequence[Any], generation: int) -> Any:
         """Note: [Output sets] in grace.outputsets: replay a free set, or make one, or run without."""
+        options = self.runner.options
+        if self.deciding:  # Note: [One new set per call] in grace.outputsets: its first replay checked
+            self.verify_calls = max(self.verify_calls, int(options.check_numerics))
         group = self.graph.shared_pool if self.graph is not None else None
         candidates = outputsets.same_inputs(self.kept, args)
         free = outputsets.free_set(self.kept, candidates, args, generation, group)
@@ -194,9 +199,8 @@ class GraphSlot:
             self._swap_in(self.kept.pop(free))
             return self.run(args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
-        options = self.runner.options
         outputsets.note_why_taken(self.record, self.kept, candidates, self.graph, generation, args)
-        if 1 + len(candidates) >= options.output_sets(training=training):
+        if self.deciding or 1 + len(candidates) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
         group = None  # the step's pool when there is one (``decide``)
         step_pool = self.runner.plan.step_pool(options)
@@ -398,7 +402,7 @@ class GraphSlot:
         record.add_skip(
             SkipReason(
                 SkipCode.STATIC_INPUT_MOVED,
-                f"re-captured after a parameter moved ({self._moved_static_text(args)})",
+                f"re-captured after a parameter moved ({moved_static_text(self.graph, args)})",
             )
         )
         self._keep_current()
@@ -413,26 +417,22 @@ class GraphSlot:
             self.rebind_blocked = True
         return rebound.graph
 
-    def _moved_static_text(self, args: Sequence[Any]) -> str:
-        if (graph := self.graph) is None:
-            return "no graph"
-        moved = [i for i in graph.static_indices if args[i].data_ptr() != graph.static_ptrs[i]]
-        shown = ", ".join(f"input {i} {tuple(args[i].shape)}" for i in moved[:3])
-        more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
-        return f"{len(moved)} of {len(graph.static_indices)} static inputs: {shown}{more}"
-
     # --- the deciding call -----------------------------------------------------------------
 
     def decide(self, args: Sequence[Any], pool_group: poolgroups.PoolGroup | None = None) -> Any:
         """A deciding call; its captures go into ``pool_group``'s pool, or the step's (``step_pool``)."""
         runner = self.runner
         with runner.lock:
-            group = poolgroups.for_capture(pool_group or runner.plan.step_pool(runner.options), self.record)
-            out = self.apply(deciding.decide(self.facts(group), args), args)
-            if group is not None:  # Note: [Outputs a shared pool lends] in grace.outputs: every set, also
-                for graph in [self.graph, *(k.graph for k in self.kept)]:  # one whose replay was refused
-                    poolgroups.lend_outputs(graph)
-            return out
+            outer, self.deciding = self.deciding, True
+            try:
+                wanted = pool_group or runner.plan.step_pool(runner.options)
+                group = poolgroups.for_capture(wanted, self.record)
+                out = self.apply(deciding.decide(self.facts(group), args), args)
+                for graph in [self.graph, *(k.graph for k in self.kept)] if group is not None else []:
+                    poolgroups.lend_outputs(graph)  # Note: [Outputs a shared pool lends] in grace.outputs
+                return out
+            finally:
+                self.deciding = outer
 
     def apply(self, decision: deciding.SlotDecision, args: Sequence[Any]) -> Any:
         """Enter the state ``decision`` settles and finish the deciding call with it."""

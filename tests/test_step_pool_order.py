@@ -12,6 +12,7 @@ out a result its caller drops at once beside a tensor autograd keeps through the
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,9 +68,13 @@ class _Pool:
         return own, torch.from_numpy(self.arrays[i])
 
     def capture(self, facts: Any, args: Sequence[Any]) -> Any:
-        free = self.free()
+        """A capture into the pool, or into a pool of its own (fresh blocks) where grace gave none."""
+        free = self.free() if facts.pool_group is not None else []
         scales = SCALES[facts.plan.graph_hash]
-        outs, writers = zip(*(self._memory(i) for i in free[: len(scales)]), strict=True)
+        if facts.pool_group is None:
+            outs = writers = tuple(torch.zeros(2, 3) for _ in scales)
+        else:
+            outs, writers = zip(*(self._memory(i) for i in free[: len(scales)]), strict=True)
         placeholder = torch.zeros(2, 3)
 
         class Writes:
@@ -81,6 +86,8 @@ class _Pool:
         graph = fakes.captured_graph(
             Writes(), placeholders={0: placeholder}, outputs=list(outs), kept_from=kept_from
         )
+        if facts.pool_group is None:
+            return graph
         graph.pool_positions = frozenset(range(len(outs)))
         footprint = poolgroups.merged(_span(self.arrays[i] if self.lends else self.blocks[i]) for i in free)
         graph.join_pool_group(facts.pool_group, facts.record, footprint)
@@ -171,12 +178,35 @@ def test_a_dropped_result_beside_a_kept_tensor_does_not_refuse_the_set_captured_
     assert not any("overwrite" in reason for reason in record["set_blocks"]), record["set_blocks"]
 
 
-def test_every_set_a_nested_deciding_call_made_lends_its_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Note: [Outputs a shared pool lends] in grace.outputs: with the replay check counted per member
-    (as before the per-storage check), ``L``'s new set is refused at its first replay and a nested
-    deciding call makes another, to the bound of three sets. Every set lends its outputs, also those
-    whose outputs were never handed out (the outer calls'), and every value is eager's."""
+def test_a_deciding_call_whose_replay_is_refused_makes_no_further_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note: [One new set per call] in grace.outputsets: with the replay check counted per member (as
+    before the per-storage check), ``L``'s new set is refused at its deciding call's replay. That call
+    runs without a graph instead of making another set inside it (before: four sets in the second step
+    for its two calls); every set lends its outputs, also one never replayed, a refused set's first replay
+    is checked against the no-graph callable, and every value is eager's."""
+    made: Counter[tuple[int, str]] = Counter()
+    capture = _Pool.capture
+
+    def counted(pool: _Pool, facts: Any, args: Sequence[Any]) -> Any:
+        made[grace.warmup.torch_compat.compiled_call_generation(), facts.plan.graph_hash] += 1
+        return capture(pool, facts, args)
+
+    monkeypatch.setattr(_Pool, "capture", counted)
+    checked: list[int] = []  # replays compared with the no-graph callable (the fake decision arms none)
+    check = grace.slot.check_against_reference
+
+    def counted_check(*args: Any, **kwargs: Any) -> Any:
+        checked.append(1)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(grace.slot, "check_against_reference", counted_check)
     monkeypatch.setattr(poolgroups, "_met", lambda footprint, seat: None)
-    record = _steps(monkeypatch, by_step=True, once_name="P2", max_output_sets=3)
-    assert record["graphs_held"] >= 2 and any("overwrite" in r for r in record["set_blocks"]), record
+    record = _steps(monkeypatch, by_step=True, once_name="P2", max_output_sets=16)
+    assert any("overwrite" in r for r in record["set_blocks"]), record  # the case under test happened
+    assert record["held_output_calls"] >= 1, record
+    calls = {"P2": 1, "L": 2}  # per step (the stand-in's call generation is the step)
+    assert all(n <= calls[name] for (_, name), n in made.items()) and made[2, "L"] == 2, made
     assert record["lent"] and all(record["lent"]), record["lent"]
+    assert checked and record["variant"] != "no_graph", record  # a refused set's first replay, checked
