@@ -39,6 +39,18 @@ from typing import Any
 
 from grace.outputs import HeldState
 from grace.poolgroups import PoolGroup
+from grace.reasons import SkipCode, SkipReason
+
+HELD = SkipReason(
+    SkipCode.OUTPUTS_HELD,
+    "the graph runs again while outputs of its previous replay may be held (within one compiled call, "
+    "by a call from another thread, or every output set taken); such calls run without the graph",
+)
+NEW_SET_REFUSED = SkipReason(
+    SkipCode.OUTPUTS_HELD,
+    "a deciding call's replay of the output set it made was refused (set_blocks says for what): that call "
+    "ran without the graph and made no further set (Note: [One new set per call] in grace.outputsets)",
+)
 
 
 def same_inputs(kept: Sequence[Any], args: Sequence[Any]) -> list[int]:

@@ -200,7 +200,9 @@ class GraphSlot:
             return self.run(args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
         outputsets.note_why_taken(self.record, self.kept, candidates, self.graph, generation, args)
-        if self.deciding or 1 + len(candidates) >= options.output_sets(training=training):
+        if self.deciding:
+            return self._run_outputs_held(args, outputsets.NEW_SET_REFUSED)
+        if 1 + len(candidates) >= options.output_sets(training=training):
             return self._run_outputs_held(args)
         group = None  # the step's pool when there is one (``decide``)
         step_pool = self.runner.plan.step_pool(options)
@@ -228,19 +230,15 @@ class GraphSlot:
         self.graph, self.spec = kept.graph, kept.spec
         self.verify_calls, self.verify_ptrs = kept.verify_calls, kept.verify_ptrs
 
-    def _run_outputs_held(self, args: Sequence[Any]) -> Any:
+    def _run_outputs_held(self, args: Sequence[Any], reason: SkipReason = outputsets.HELD) -> Any:
         """This call without the graph: a replay would overwrite outputs of the graph's previous replay
         that may still be held, in the same compiled call (Note: [Outputs held within one call] in
-        grace.outputs) or by another thread (Note: [Outputs and threads] in grace.outputs)."""
+        grace.outputs) or by another thread (Note: [Outputs and threads] in grace.outputs), or ``reason``.
+        """
         record = self.record
         record.calls += 1
         record.held_output_calls += 1
-        if record.held_output_calls == 1:
-            reason = SkipReason(
-                SkipCode.OUTPUTS_HELD,
-                "the graph runs again while outputs of its previous replay may be held (within one "
-                "compiled call, or by a call from another thread); such calls run without the graph",
-            )
+        if reason not in record.skip_reasons:
             record.add_skip(reason)
             log_once(reason, f"graph {record.graph_id} ({self.signature_text})")
         return self.runner.compiled(*args)

@@ -206,6 +206,7 @@ def test_a_deciding_call_whose_replay_is_refused_makes_no_further_set(
     record = _steps(monkeypatch, by_step=True, once_name="P2", max_output_sets=16)
     assert any("overwrite" in r for r in record["set_blocks"]), record  # the case under test happened
     assert record["held_output_calls"] >= 1, record
+    assert any("deciding call's replay" in r["detail"] for r in record["skip_reasons"]), record
     calls = {"P2": 1, "L": 2}  # per step (the stand-in's call generation is the step)
     assert all(n <= calls[name] for (_, name), n in made.items()) and made[2, "L"] == 2, made
     assert record["lent"] and all(record["lent"]), record["lent"]
