@@ -80,7 +80,7 @@ def merged(spans: Iterable[Span]) -> Spans:
     return tuple(out)
 
 
-def _intersection(a: Spans, b: Spans) -> Spans:
+def intersection(a: Spans, b: Spans) -> Spans:
     out: list[Span] = []
     i = j = 0
     while i < len(a) and j < len(b):
@@ -111,7 +111,7 @@ def _difference(a: Spans, b: Spans) -> Spans:
 
 
 def overlap(a: Spans, b: Spans) -> bool:
-    return bool(_intersection(a, b))
+    return bool(intersection(a, b))
 
 
 def capture_footprint(
@@ -124,10 +124,10 @@ def capture_footprint(
     capture ``allocated`` in the pool where they are known, else the pool's free memory from its layout
     before and after the capture; None when neither is known."""
     if after is not None and allocated is not None:
-        return merged((*_intersection(merged(allocated), merged(after.segments)), *outputs))
+        return merged((*intersection(merged(allocated), merged(after.segments)), *outputs))
     if before is None or after is None:
         return None
-    untouched = _intersection(merged(before.allocated), merged(after.allocated))
+    untouched = intersection(merged(before.allocated), merged(after.allocated))
     return merged((*_difference(merged(after.segments), untouched), *outputs))
 
 
@@ -150,11 +150,12 @@ def whole_pool(layout: PoolLayout | None) -> Spans | None:
 
 
 @dataclass(eq=False)
-class _Seat:
+class Seat:
     """A member of a pool group: its graph, which callable it serves (``kin``), its footprint (None:
     unknown, taken as every later member's memory), its outputs and, where known, each output storage's
     span (``storages``, in its family's order), the members its replay may overwrite an output of, and
-    where it was captured among the group's members (``order``, increasing)."""
+    where it was captured among the group's members (``order``, increasing). Read, never written,
+    outside this module (``PoolGroup.seats``: diagnostics)."""
 
     graph: Any
     kin: object
@@ -162,7 +163,7 @@ class _Seat:
     outputs: Spans
     storages: tuple[Span, ...] = ()
     order: int = 0
-    overwrites: list[_Overwrite] = field(default_factory=list)
+    overwrites: list[Overwrite] = field(default_factory=list)
 
 
 class _HeldPart(Protocol):
@@ -174,15 +175,15 @@ class _HeldPart(Protocol):
 
 
 @dataclass(eq=False)
-class _Overwrite:
+class Overwrite:
     """A member (``seat``) a replay may overwrite outputs of, and which: ``part``, the storages of its
     family the replay's footprint meets, or None for every one."""
 
-    seat: _Seat
+    seat: Seat
     part: _HeldPart | None = None
 
 
-def _met(footprint: Spans | None, seat: _Seat) -> _HeldPart | None:
+def _met(footprint: Spans | None, seat: Seat) -> _HeldPart | None:
     """The part of ``seat``'s outputs that ``footprint`` meets, or None for all of them (an unknown
     footprint, or storages not told apart)."""
     if footprint is None or not seat.storages:
@@ -211,7 +212,7 @@ class PoolGroup:
     ) -> None:
         self.handle = handle
         self.members: list[Any] = []
-        self._seats: dict[int, _Seat] = {}
+        self._seats: dict[int, Seat] = {}
         self._joined = 0  # members that ever joined: the next one's order
         self.last_stream: Any = None
         self.last_stream_key: int | None = None
@@ -249,13 +250,13 @@ class PoolGroup:
         (``CapturedGraph.pool_storage_spans``), or only ``outputs``, their union."""
         outputs = outputs or merged(storages)
         with _lock:  # a release in another thread may leave at the same time
-            seat = _Seat(graph, kin, footprint, outputs, storages, order=self._joined)
+            seat = Seat(graph, kin, footprint, outputs, storages, order=self._joined)
             self._joined += 1
             for other in self._seats.values():
                 if other.footprint is None or overlap(other.footprint, outputs):
-                    other.overwrites.append(_Overwrite(seat, _met(other.footprint, seat)))
+                    other.overwrites.append(Overwrite(seat, _met(other.footprint, seat)))
                 if footprint is not None and overlap(footprint, other.outputs):
-                    seat.overwrites.append(_Overwrite(other, _met(footprint, other)))
+                    seat.overwrites.append(Overwrite(other, _met(footprint, other)))
             self._seats[id(graph)] = seat
             self.members = [*self.members, graph]
 
@@ -266,6 +267,14 @@ class PoolGroup:
             if seat is not None:
                 for other in self._seats.values():
                     other.overwrites = [o for o in other.overwrites if o.seat is not seat]
+
+    def seats(self) -> list[Seat]:
+        """The members' seats, earliest captured first (for diagnostics; read only)."""
+        with _lock:
+            return sorted(self._seats.values(), key=lambda seat: seat.order)
+
+    def seat(self, graph: Any) -> Seat | None:
+        return self._seats.get(id(graph))
 
     def position(self, graph: Any) -> int:
         """Where ``graph`` was captured into the pool, as an order among the members (later captures
@@ -293,7 +302,7 @@ class PoolGroup:
         return None
 
 
-def _still_needed(over: _Overwrite, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
+def _still_needed(over: Overwrite, kin: object, generation: int, args: Sequence[Any] | None) -> bool:
     """Whether an output of ``over.seat`` that the replay may overwrite (``over.part``) is still needed
     (``PoolGroup.overwritten_held``)."""
     other = over.seat
@@ -353,6 +362,12 @@ def step_group(device: Any) -> PoolGroup | None:
         if group is None:
             group = _step_groups[index] = PoolGroup(allocator.new_pool())
         return group
+
+
+def step_groups() -> list[PoolGroup]:
+    """The step pools made since the last ``forget_step_groups`` (for diagnostics)."""
+    with _registry_lock:
+        return list(_step_groups.values())
 
 
 def forget_step_groups() -> None:

@@ -51,8 +51,8 @@ def _weights() -> list[torch.Tensor]:
 def _met_only_a_dropped_output() -> bool:
     """Whether a member's footprint met some of another member's outputs but none it keeps, where that
     member keeps others: the case the per-storage check is for."""
-    for group in list(poolgroups._step_groups.values()):
-        for seat in group._seats.values():
+    for group in poolgroups.step_groups():
+        for seat in group.seats():
             for over in seat.overwrites:
                 family = over.seat.graph.family
                 part = over.part

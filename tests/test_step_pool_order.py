@@ -146,7 +146,7 @@ def _steps(
     record["lent"] = [
         bool(m.family.owners)
         for m in group.members
-        if getattr(group._seats[id(m)].kin, "graph_hash", "") == "L"
+        if getattr(getattr(group.seat(m), "kin", None), "graph_hash", "") == "L"
     ]
     stats.forget_all()
     return record

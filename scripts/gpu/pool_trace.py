@@ -68,7 +68,8 @@ def install() -> None:
     @functools.wraps(join)
     def traced_join(self: Any, graph: Any, **kwargs: Any) -> None:
         join(self, graph, **kwargs)
-        seat = self._seats[id(graph)]
+        seat = self.seat(graph)
+        assert seat is not None
         _events.append(
             {
                 "event": "join",
@@ -93,7 +94,7 @@ def install() -> None:
     def traced_refused_by(self: Any, graph: Any, generation: int, args: Any) -> str | None:
         blocker = refused_by(self, graph, generation, args)
         if blocker is not None:
-            seat = self._seats.get(id(graph))
+            seat = self.seat(graph)
             _refusals[(STEP, str(_graph_id(seat.kin) if seat else None), blocker)] += 1
         return blocker
 

@@ -151,9 +151,8 @@ def step_pool_seats() -> list[dict[str, Any]]:
     capture order, slot, footprint and outputs (MiB), whether it lent its outputs and which of them are
     held now, and every member whose outputs its footprint meets, with the overlap in MiB."""
     out: list[dict[str, Any]] = []
-    for group in list(grace.poolgroups._step_groups.values()):
-        seats = sorted(group._seats.values(), key=lambda seat: seat.order)
-        for seat in seats:
+    for group in grace.poolgroups.step_groups():
+        for seat in group.seats():
             family = seat.graph.family
             refs = [grace.compat.torch.storage_use_count(ref) - own for ref, own in family.refs]
             out.append(
@@ -172,7 +171,7 @@ def step_pool_seats() -> list[dict[str, Any]]:
                         {
                             "order": other.order,
                             "graph_id": getattr(other.kin, "graph_id", None),
-                            "overlap_mib": _mib(grace.poolgroups._intersection(seat.footprint, other.outputs))
+                            "overlap_mib": _mib(grace.poolgroups.intersection(seat.footprint, other.outputs))
                             if seat.footprint is not None
                             else None,
                         }
