@@ -9,6 +9,7 @@ deadline and recorded as crashed.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import textwrap
@@ -268,8 +269,9 @@ def test_expected_toml_takes_tests_entries_and_refuses_a_wrong_mode() -> None:
         expectations_from_mapping({"format": 1, "expected": [{**entry, "status": "pass"}]})
 
 
+@functools.cache
 def _noxfile() -> types.ModuleType:
-    """The project's noxfile, loaded as a module."""
+    """The project's noxfile, loaded as a module once (nox warns when its sessions register again)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("grace_noxfile", REPO / "noxfile.py")
