@@ -262,10 +262,14 @@ class OutputFamily:
             return any(torch_compat.storage_use_count(ref) > 0 for ref in self.all_refs())
         return self.counted_held()
 
-    def all_refs(self) -> list[Any]:
+    def all_refs(self, indices: Sequence[int] | None = None) -> list[Any]:
         """Weak references to every storage whose holders keep the outputs' memory in use: the outputs'
-        own and, for lent ones, the storages they were handed out from."""
-        return [ref for ref, _ in self.refs] + [owner for owner in self.owners if owner is not None]
+        own and, for lent ones, the storages they were handed out from; ``indices``: of those ``refs``
+        alone."""
+        if indices is None:
+            return [ref for ref, _ in self.refs] + [owner for owner in self.owners if owner is not None]
+        owners = [self.owners[i] for i in indices if i < len(self.owners)]
+        return [self.refs[i][0] for i in indices] + [owner for owner in owners if owner is not None]
 
     def lend(
         self,
@@ -436,9 +440,7 @@ class OutputPart:
             return self.counted_held()
         if any(i >= len(family.refs) for i in self.indices):
             return family.held_beyond_graph()
-        owners = [family.owners[i] for i in self.indices if i < len(family.owners)]
-        refs = [family.refs[i][0] for i in self.indices] + [o for o in owners if o is not None]
-        return any(torch_compat.storage_use_count(ref) > 0 for ref in refs)
+        return any(torch_compat.storage_use_count(ref) > 0 for ref in family.all_refs(self.indices))
 
     def _current(self) -> tuple[torch_compat.StoragesHeld, torch_compat.StoragesHeld]:
         family = self.family
