@@ -12,8 +12,11 @@ graphs by default, 1 for others), makes a new one with a deciding call of its ow
 against the no-graph run, the slot's previous decision kept when it passes); past that bound it runs
 without a graph. A graph replays only when nothing holds its own outputs.
 
-Design: ``free_set`` picks the set. Sets in pools of their own are tried most recent first. Sets in
-one pool (Note: [Graphs in one pool] in grace.poolgroups) are tried earliest first, as a stack: a set
+Design: ``free_set`` picks the set, comparing static inputs only for the sets it reaches. Sets in pools
+of their own are tried least recently kept first: where one compiled layer serves every layer of a step,
+the set a layer took a step before is free and comes first, while the sets this step took are held
+(tried most recent first, every call walked those: a step's checks grew with the square of its layers).
+Sets in one pool (Note: [Graphs in one pool] in grace.poolgroups) are tried earliest first, as a stack: a set
 may replay only while the sets captured after it are free, so layer 1 takes the first set, layer 2 the
 second, and the next step starts again from the first; the latest set taken for layer 1 would block
 every earlier one for layer 2, and the slot would make a new set at every step. A replay whose own set
@@ -60,17 +63,14 @@ def same_inputs(kept: Sequence[Any], args: Sequence[Any]) -> list[int]:
 
 
 def free_set(
-    kept: Sequence[Any],
-    candidates: Sequence[int],
-    args: Sequence[Any],
-    generation: int,
-    group: PoolGroup | None,
+    kept: Sequence[Any], args: Sequence[Any], generation: int, group: PoolGroup | None
 ) -> int | None:
-    """The index, among ``candidates`` (``same_inputs``) of ``kept``, of the set this call can replay,
-    in the order of the module docstring, or None. ``group``: the pool the slot's sets share (None:
-    pools of their own)."""
-    order = list(candidates)[::-1] if group is None else _earliest_first(kept, candidates, group, None)
-    return _first_free(kept, order, args, generation, check_inputs=False)
+    """The index in ``kept`` of the set for the static inputs of ``args`` this call can replay, in the
+    order of the module docstring, or None. ``group``: the pool the slot's sets share (None: pools of
+    their own). The static inputs are compared only for the sets the order reaches."""
+    indices = range(len(kept))
+    order = indices if group is None else _earliest_first(kept, indices, group, None)
+    return _first_free(kept, order, args, generation, check_inputs=True)
 
 
 def earlier_free_set(

@@ -127,24 +127,26 @@ class GraphSlot:
         self.record.calls += 1
         return self.runner.compiled(*args)
 
-    def _run_graph(self, args: Sequence[Any]) -> Any:
-        """One call through the kept graph variant."""
+    def _run_graph(self, args: Sequence[Any], picked: bool = False) -> Any:
+        """One call through the kept graph variant. ``picked``: the set was just found free for this call
+        (grace.outputsets: its static inputs, its outputs and the sets tried before it checked)."""
         graph, spec = self.graph, self.spec
         assert graph is not None and spec is not None
-        if graph.static_indices and not graph.static_inputs_unmoved(args):
+        if not picked and graph.static_indices and not graph.static_inputs_unmoved(args):
             return self._static_moved(args)
         if not self.runner.options.clone_outputs:
             generation = torch_compat.compiled_call_generation()
-            held = graph.held_outputs(generation, args)
-            earlier = held is not HeldState.HELD and graph.shared_pool is not None  # else: every set, below
-            if earlier and self._swap_in_earlier_set(args, generation):
-                return self.run(args)
-            if held is not HeldState.NONE:
-                if graph.shares_outputs and self._held_by_family(graph, args, held):
-                    return self._leave_family(args)
-                if held is HeldState.HELD:
-                    return self._another_output_set(args, generation)
-                return self._run_outputs_held(args)
+            if not picked:
+                held = graph.held_outputs(generation, args)
+                earlier = held is not HeldState.HELD and graph.shared_pool is not None  # else: every set
+                if earlier and self._swap_in_earlier_set(args, generation):
+                    return self._run_graph(args, picked=True)
+                if held is not HeldState.NONE:
+                    if graph.shares_outputs and self._held_by_family(graph, args, held):
+                        return self._leave_family(args)
+                    if held is HeldState.HELD:
+                        return self._another_output_set(args, generation)
+                    return self._run_outputs_held(args)
             graph.note_replay(generation)
         if self.verify_calls or self.verify_ptrs is not None:
             when = self._verification_due(args)
@@ -193,11 +195,11 @@ class GraphSlot:
         if self.deciding:  # Note: [One new set per call] in grace.outputsets: its first replay checked
             self.verify_calls = max(self.verify_calls, int(options.check_numerics))
         group = self.graph.shared_pool if self.graph is not None else None
-        candidates = outputsets.same_inputs(self.kept, args)
-        free = outputsets.free_set(self.kept, candidates, args, generation, group)
+        free = outputsets.free_set(self.kept, args, generation, group)
         if free is not None:
             self._swap_in(self.kept.pop(free))
-            return self.run(args)
+            return self._run_graph(args, picked=True)
+        candidates = outputsets.same_inputs(self.kept, args)
         training = self.runner.plan.role is not GraphRole.INFERENCE
         outputsets.note_why_taken(self.record, self.kept, candidates, self.graph, generation, args)
         if self.deciding:

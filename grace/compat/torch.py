@@ -401,12 +401,18 @@ def install_dynamo_reset_hook(callback: Callable[[], None]) -> None:
 # --- tensors -----------------------------------------------------------------------------------
 
 
+_DATA_PTRS_AT_INDICES_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
 def data_ptrs_equal(tensors: Sequence[Any], data_ptrs: Sequence[int | None], indices: Sequence[int]) -> bool:
-    """``tensors[i].data_ptr() == data_ptrs[i]`` for every ``i`` in ``indices`` (C++ where torch has it).
+    """``tensors[i].data_ptr() == data_ptrs[i]`` for every ``i`` in ``indices`` (C++ where torch has it,
+    probed once; asked on every replay, so no index costs nothing).
 
     ``data_ptrs`` is indexed like ``tensors`` (None at the indices that are not checked).
     """
-    fast = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+    if not indices:
+        return True
+    fast = _DATA_PTRS_AT_INDICES_EQUAL
     if fast is not None:
         return bool(fast(list(tensors), list(data_ptrs), list(indices)))
     return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
