@@ -70,7 +70,7 @@ def free_set(
     their own). The static inputs are compared only for the sets the order reaches."""
     indices = range(len(kept))
     order = indices if group is None else _earliest_first(kept, indices, group, None)
-    return _first_free(kept, order, args, generation, check_inputs=True)
+    return _first_free(kept, order, args, generation)
 
 
 def earlier_free_set(
@@ -80,7 +80,7 @@ def earlier_free_set(
     the static inputs of ``args``, that this call can replay, or None. Asked on every replay of a set in
     a shared pool: the order is read first, and the static inputs only of the sets it leaves."""
     order = _earliest_first(kept, range(len(kept)), group, before)
-    return _first_free(kept, order, args, generation, check_inputs=True)
+    return _first_free(kept, order, args, generation)
 
 
 def _earliest_first(
@@ -91,11 +91,11 @@ def _earliest_first(
 
 
 def _first_free(
-    kept: Sequence[Any], order: Sequence[int], args: Sequence[Any], generation: int, *, check_inputs: bool
+    kept: Sequence[Any], order: Sequence[int], args: Sequence[Any], generation: int
 ) -> int | None:
     for i in order:
         graph = kept[i].graph
-        if check_inputs and not graph.static_inputs_unmoved(args):
+        if not graph.static_inputs_unmoved(args):
             continue
         if graph.held_outputs(generation, args) is HeldState.NONE:
             return i

@@ -31,8 +31,9 @@ def _layer(x: torch.Tensor) -> list[torch.Tensor]:
     return [x * 2 + 1, x + 3]  # the result, and a tensor the step keeps until its end (a saved tensor)
 
 
-def _capture(traced: bool) -> Any:
-    """Fake captures of ``_layer``: their replay computes it from the placeholder into their outputs."""
+def _capture() -> Any:
+    """Fake captures of ``_layer``: their replay computes it from the placeholder into their outputs; in
+    a step pool, their footprint is their outputs (as a traced capture's is)."""
 
     def capture(facts: Any, args: Sequence[Any]) -> Any:
         outputs = [torch.empty_like(args[0]), torch.empty_like(args[0])]
@@ -46,7 +47,7 @@ def _capture(traced: bool) -> Any:
 
         graph = fakes.captured_graph(Replay(), placeholders=placeholders, outputs=list(outputs), kept_from=1)
         if facts.pool_group is not None:
-            graph.join_pool_group(facts.pool_group, facts.record, graph.output_spans() if traced else None)
+            graph.join_pool_group(facts.pool_group, facts.record, graph.output_spans())
         return graph
 
     return capture
@@ -56,7 +57,7 @@ def _asked(monkeypatch: pytest.MonkeyPatch, step_pool: bool) -> list[Counter[int
     """Per steady runner call, how often each set was asked whether its outputs are held."""
     generation = [0]
     fakes.cpu_warmup(monkeypatch)
-    fakes.use_decide(monkeypatch, fakes.decides_graph(_capture(traced=True)))
+    fakes.use_decide(monkeypatch, fakes.decides_graph(_capture()))
     monkeypatch.setattr(grace.slot.torch_compat, "compiled_call_generation", lambda: generation[0])
     group = poolgroups.PoolGroup((0, 1))
     monkeypatch.setattr(grace.runplan, "step_group", lambda device: group)
