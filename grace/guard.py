@@ -9,10 +9,11 @@ or the graph as Dynamo traced it run eagerly when CGCT's adapter itself raises. 
 what Dynamo (or AOTAutograd, for a training graph: grace.training) calls: the grace runner until it
 raises, then the safe path for that call and every later one, with the reason recorded.
 ``CountedCallable`` counts the compiled callable's runs, so that a failure after a run of a callable
-that mutates its inputs is not retried.
+that mutates its inputs, or of one that took the call's inputs (grace.boxing), is not retried.
 
-Invariant: a call that already ran a callable that mutates its inputs is never run again; the error
-then propagates. When the safe path raises too, the error is the model's and propagates unchanged.
+Invariant: a call that already ran a callable that mutates its inputs, or that emptied the call's
+``Inputs``, is never run again; the error then propagates. When the safe path raises too, the error is
+the model's and propagates unchanged.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grace import boxing
 from grace import stats as grace_stats
 from grace.adapting import InputAdapting
+from grace.boxing import Inputs, TakesList
 from grace.reasons import SkipCode, SkipReason, log_once
 from grace.runner import GraceRunner
 from grace.scg import Variant
@@ -31,8 +34,9 @@ from grace.scg import Variant
 logger = logging.getLogger(__name__)
 
 
-class CountedCallable:
-    """``fn`` counting its calls (a plain counter: another thread's call only makes it more cautious)."""
+class CountedCallable(TakesList):
+    """``fn`` counting its calls (a plain counter: another thread's call only makes it more cautious);
+    the call's ``Inputs`` go on to ``fn`` (grace.boxing)."""
 
     __slots__ = ("calls", "fn")
 
@@ -43,6 +47,10 @@ class CountedCallable:
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
         return self.fn(*args)
+
+    def call_list(self, inputs: Inputs) -> Any:
+        self.calls += 1
+        return boxing.run(self.fn, inputs)
 
 
 class SafePath:
@@ -63,7 +71,7 @@ class SafePath:
     def __call__(self, args: Sequence[Any]) -> Any:
         adapter = self.adapter
         if adapter is None:
-            return self.compiled(*args)
+            return boxing.run(self.compiled, args)
         with self.lock:
             try:
                 adapted = adapter(list(args))
@@ -100,11 +108,15 @@ class GuardedRunner:
         return self.runner.callable_id if self.runner is not None else None
 
     def __call__(self, *args: Any) -> Any:
+        return self.run(args)
+
+    def run(self, args: Sequence[Any]) -> Any:
+        """One call on ``args`` (a tuple, or the ``Inputs`` of grace.boxing, which a run may empty)."""
         runner = self.runner
         if self.reason is None and runner is not None:
             before = self.safe.compiled.calls
             try:
-                return runner(*args)
+                return runner.run(args)
             except Exception as exc:
                 return self._after_failure(runner, args, exc, before)
         if self.record is not None:
@@ -112,8 +124,9 @@ class GuardedRunner:
         return self.safe(args)
 
     def _after_failure(self, runner: GraceRunner, args: Sequence[Any], exc: Exception, before: int) -> Any:
-        if self.safe.compiled.calls != before and _mutates(runner):
-            raise exc  # its side effects may have happened: a second run would apply them twice
+        taken = type(args) is Inputs and not args  # emptied by the run (grace.boxing)
+        if self.safe.compiled.calls != before and (_mutates(runner) or taken):
+            raise exc  # its side effects may have happened, or it took the inputs: no second run
         try:
             out = self.safe(args)
         except Exception as again:

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from grace import boxing
+from grace.boxing import Inputs, TakesList
 from grace.compat import generators
 from grace.compat import torch as torch_compat
 
@@ -152,16 +154,29 @@ def _host_copy(value: Any) -> Any:
 
 
 def host_seeds(compiled: Callable[..., Any], indices: Sequence[int]) -> Callable[..., Any]:
-    """``compiled`` (positional inputs) with the seed inputs at ``indices`` as host copies whenever the
-    current stream is not capturing (module docstring); ``compiled`` itself when there are none."""
+    """``compiled`` (positional inputs, or the call's ``Inputs``: grace.boxing) with the seed inputs at
+    ``indices`` as host copies whenever the current stream is not capturing (module docstring);
+    ``compiled`` itself when there are none."""
     if not indices:
         return compiled
-    wanted = frozenset(indices)
+    return _HostSeeds(compiled, frozenset(indices))
 
-    def run_with_host_seeds(*args: Any) -> Any:
+
+class _HostSeeds(TakesList):
+    __slots__ = ("__wrapped__", "compiled", "wanted")
+
+    def __init__(self, compiled: Callable[..., Any], wanted: frozenset[int]) -> None:
+        self.compiled, self.wanted = compiled, wanted
+        self.__wrapped__ = compiled
+
+    def __call__(self, *args: Any) -> Any:
         if torch_compat.is_current_stream_capturing():
-            return compiled(*args)
-        return compiled(*(_host_copy(a) if i in wanted else a for i, a in enumerate(args)))
+            return self.compiled(*args)
+        wanted = self.wanted
+        return self.compiled(*(_host_copy(a) if i in wanted else a for i, a in enumerate(args)))
 
-    run_with_host_seeds.__wrapped__ = compiled  # type: ignore[attr-defined]
-    return run_with_host_seeds
+    def call_list(self, inputs: Inputs) -> Any:
+        if not torch_compat.is_current_stream_capturing():
+            for i in self.wanted:
+                inputs[i] = _host_copy(inputs[i])
+        return boxing.run(self.compiled, inputs)

@@ -89,7 +89,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grace import pools
+from grace import boxing, pools
 from grace import stats as grace_stats
 from grace.capture import calling_threads
 from grace.compat import cuda as cuda_compat
@@ -180,6 +180,11 @@ class GraceRunner:
         return tuple(parts)
 
     def __call__(self, *args: Any) -> Any:
+        return self.run(args)
+
+    def run(self, args: Sequence[Any]) -> Any:
+        """One call on ``args``: a tuple, or the ``Inputs`` of grace.boxing, which only a run of the
+        compiled callable without a graph hands on (``run_compiled``)."""
         pools.release_unheld()  # released graphs whose held outputs have been dropped since (grace.pools)
         steady = self._steady
         if steady is not None:  # Note: [The steady call] in grace.steady
@@ -196,7 +201,7 @@ class GraceRunner:
         with self.lock:  # the whole call, from the input check to the outputs (module docstring)
             return self._call(args)
 
-    def _call(self, args: tuple[Any, ...]) -> Any:
+    def _call(self, args: Sequence[Any]) -> Any:
         adapter = self._adapter
         if adapter is None:
             return self._call_adapted(args)
@@ -204,11 +209,11 @@ class GraceRunner:
         adapter.returned(out)  # grace.adapting: no output may live in memory the adapter reuses
         return out
 
-    def _call_adapted(self, args: tuple[Any, ...]) -> Any:
+    def _call_adapted(self, args: Sequence[Any]) -> Any:
         record = self._skip_record
         if record is not None:
             record.calls += 1
-            return self.compiled(*args)
+            return self.run_compiled(args)
         recent = self._recent
         if recent is not None and recent.matches(args):
             out = recent.slot.run(args)  # the most recently used slot: already last in the LRU order
@@ -225,6 +230,10 @@ class GraceRunner:
             slot.recent = RecentSlot.build(self.plan, args, slot)
         self._recent = slot.recent if self.slots.get(key) is slot else None
         return slot.run(args)
+
+    def run_compiled(self, args: Sequence[Any]) -> Any:
+        """The compiled callable on ``args`` as this call's last use of them (grace.boxing)."""
+        return boxing.run(self.compiled, args)
 
     def _offer_steady(self, recent: RecentSlot[GraphSlot]) -> None:
         """Build the steady call for ``recent``'s graph, once per graph (Note: [The steady call])."""

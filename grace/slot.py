@@ -125,7 +125,7 @@ class GraphSlot:
 
     def _run_no_graph(self, args: Sequence[Any]) -> Any:
         self.record.calls += 1
-        return self.runner.compiled(*args)
+        return self.runner.run_compiled(args)
 
     def _run_graph(self, args: Sequence[Any], picked: bool = False) -> Any:
         """One call through the kept graph variant. ``picked``: the set was just found free for this call
@@ -243,7 +243,7 @@ class GraphSlot:
         if reason not in record.skip_reasons:
             record.add_skip(reason)
             log_once(reason, f"graph {record.graph_id} ({self.signature_text})")
-        return self.runner.compiled(*args)
+        return self.runner.run_compiled(args)
 
     # --- safety net (grace.verify) ----------------------------------------------------------
 
@@ -421,7 +421,7 @@ class GraphSlot:
 
     def decide(self, args: Sequence[Any], pool_group: poolgroups.PoolGroup | None = None) -> Any:
         """A deciding call; its captures go into ``pool_group``'s pool, or the step's (``step_pool``)."""
-        runner = self.runner
+        runner, args = self.runner, tuple(args)  # grace.boxing: no run of a deciding call takes the inputs
         with runner.lock:
             outer, self.deciding = self.deciding, True
             try:

@@ -27,7 +27,8 @@ the same slots, variants, PI, SCG and checks as any graph. What differs is state
   outputs may sit on another device in a replay than in a plain run, and the backward's plain runs get
   host copies of device seeds;
 - the calling convention: AOTAutograd passes a list that the callee empties (so that saved tensors can
-  be freed early); the entry empties it and calls the runner with the values.
+  be freed early); the entry moves it into the ``Inputs`` the runner gets, which a run without a graph
+  hands on to Inductor's code (grace.boxing).
 
 Invariant: an inner graph that grace cannot run keeps Inductor's own entry, and every failure of an
 installed runner falls back to that entry for the rest of the process (grace.guard).
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from grace import philox
+from grace.boxing import Consuming, Inputs, RunsInputs
 from grace.compat.aot import GraphRole, InnerGraph
 
 logger = logging.getLogger(__name__)
@@ -75,30 +77,31 @@ def inner_facts(inner: InnerGraph) -> InnerFacts:
     return InnerFacts(inner.role, static, dynamic, kept_from, seeds_in, seeds_out, undefined)
 
 
-def unboxed(compiled: Callable[[list[Any]], Any]) -> Callable[..., Any]:
-    """``compiled`` (list in, emptied) as a callable of positional inputs, as runners call graphs."""
-
-    def run_graph(*args: Any) -> Any:
-        return compiled(list(args))
-
-    run_graph.__wrapped__ = compiled  # type: ignore[attr-defined]
-    return run_graph
+def unboxed(compiled: Callable[[list[Any]], Any]) -> Consuming:
+    """``compiled`` (list in, emptied) as a callable of positional inputs, as runners call graphs, that
+    also takes the call's ``Inputs`` (grace.boxing)."""
+    return Consuming(compiled)
 
 
-def boxed(runner: Callable[..., Any]) -> Callable[[list[Any]], Any]:
-    """``runner`` as an entry AOTAutograd calls with a list, which it empties (module docstring)."""
+def boxed(runner: RunsInputs) -> Callable[[list[Any]], Any]:
+    """``runner`` as an entry AOTAutograd calls with a list, which it empties (module docstring): the
+    inputs move into an ``Inputs`` that a run without a graph hands on to Inductor's code (grace.boxing),
+    and that is emptied when the call ends."""
 
     def entry(inputs: list[Any]) -> Any:
-        args = tuple(inputs)
+        args = Inputs(inputs)
         inputs.clear()
-        return runner(*args)
+        try:
+            return runner.run(args)
+        finally:
+            args.clear()
 
     return entry
 
 
-InnerRunnerFactory = Callable[[InnerGraph, InnerFacts, Callable[..., Any]], Callable[..., Any]]
-"""Builds the guarded runner of one training graph from its entry as a callable of positional inputs
-(the backend's ``_inner_runner``)."""
+InnerRunnerFactory = Callable[[InnerGraph, InnerFacts, Consuming], RunsInputs]
+"""Builds the guarded runner of one training graph from its entry, a callable of positional inputs that
+also takes the call's ``Inputs`` (the backend's ``_inner_runner``)."""
 
 
 class TrainingGraphs:

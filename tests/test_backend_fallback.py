@@ -113,11 +113,11 @@ def test_compile_failure_of_the_cgct_graph_compiles_dynamos_graph(monkeypatch: p
 def test_runner_failure_takes_the_safe_path_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
 
-    def broken(self: GraceRunner, *args: Any) -> Any:
+    def broken(self: GraceRunner, args: Any) -> Any:
         calls.append(1)
         raise RuntimeError("injected runner failure")
 
-    monkeypatch.setattr(GraceRunner, "__call__", broken)
+    monkeypatch.setattr(GraceRunner, "run", broken)
     model = Small()
     _check_calls(torch.compile(model, backend="grace"), model, calls=3)
     assert calls == [1], "after the first failure every call takes the safe path"
@@ -169,13 +169,13 @@ def test_a_models_own_error_still_raises() -> None:
 
 
 def test_a_call_that_ran_a_mutating_callable_is_not_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_call = GraceRunner.__call__
+    real_run = GraceRunner.run
 
-    def fails_after_running(self: GraceRunner, *args: Any) -> Any:
-        real_call(self, *args)
+    def fails_after_running(self: GraceRunner, args: Any) -> Any:
+        real_run(self, args)
         raise RuntimeError("injected failure after the run")
 
-    monkeypatch.setattr(GraceRunner, "__call__", fails_after_running)
+    monkeypatch.setattr(GraceRunner, "run", fails_after_running)
 
     def step(x: torch.Tensor) -> torch.Tensor:
         x.add_(1)

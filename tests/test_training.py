@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -327,14 +328,15 @@ def test_the_installed_entry_empties_the_list_and_calls_the_runner() -> None:
     inner = _inner(GraphRole.FORWARD, [torch.ones(2)], (), 1)
     seen: list[Any] = []
 
-    def build(graph: InnerGraph, facts: Any, compiled: Any) -> Any:
-        def runner(*args: Any) -> Any:
-            seen.append(args)
-            return compiled(*args)
+    class Runner:
+        def __init__(self, compiled: Any) -> None:
+            self.compiled = compiled
 
-        return runner
+        def run(self, args: Sequence[Any]) -> Any:
+            seen.append(list(args))
+            return self.compiled(*args)
 
-    hook = TrainingGraphs(build)
+    hook = TrainingGraphs(lambda graph, facts, compiled: Runner(compiled))
     hook(inner)
     args = [torch.ones(2)]
     (out,) = inner.output_code.current_callable(args)
@@ -361,8 +363,13 @@ def test_boxed_and_unboxed_conventions() -> None:
         return out
 
     assert unboxed(graph)(torch.zeros(1), torch.ones(1))[1].item() == 2.0
+
+    class Counts:
+        def run(self, args: Sequence[Any]) -> int:
+            return len(args)
+
     inputs = [torch.zeros(1)]
-    assert boxed(lambda *a: len(a))(inputs) == 1 and inputs == []
+    assert boxed(Counts())(inputs) == 1 and inputs == []
 
 
 def test_this_torch_tells_the_inner_compile_its_forward_returns() -> None:
@@ -399,11 +406,23 @@ def test_option_training_is_a_bool() -> None:
 def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wiring on CPU: the outer graph is declined for autograd only (as on a CUDA device), so the
     forward and backward graphs get runners of their own (no graphs here: their inputs are on CPU);
-    AOTAutograd calls them through the installed entries and every step's gradients equal eager's."""
-    from grace import backend
+    AOTAutograd calls them through the installed entries and every step's gradients equal eager's. Once
+    Inductor's backward returns, nothing of grace holds the activations autograd saved for it: that run
+    took the entry's list (grace.boxing), as it would without grace."""
+    from grace import backend, training
     from grace.reasons import SkipCode, SkipReason
 
-    real = backend._analyse
+    real, real_unboxed = backend._analyse, training.unboxed
+    counts: list[tuple[int, int]] = []  # per run of Inductor's code: its tensor inputs, those alive after
+
+    def counting(compiled: Any) -> Any:
+        def run_and_count(inputs: list[Any]) -> Any:
+            refs = [weakref.ref(t) for t in inputs if isinstance(t, torch.Tensor)]
+            out = compiled(inputs)
+            counts.append((len(refs), sum(ref() is not None for ref in refs)))
+            return out
+
+        return real_unboxed(run_and_count)
 
     def as_on_a_gpu(gm: Any, example_inputs: Any, options: Any) -> Any:
         facts = real(gm, example_inputs, options)
@@ -416,6 +435,7 @@ def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyP
         return facts
 
     monkeypatch.setattr(backend, "_analyse", as_on_a_gpu)
+    monkeypatch.setattr(training, "unboxed", counting)
     sink = backend.collect_compiled_graphs()
     torch._dynamo.reset()
     try:
@@ -437,3 +457,6 @@ def test_autograd_runs_through_the_installed_entries(monkeypatch: pytest.MonkeyP
     roles = {info.role: info.callable_id for info in sink}
     assert {"forward", "backward"} <= set(roles)
     assert calls[roles["forward"]] == 3 and calls[roles["backward"]] == 3
+    # a forward (its inputs: the parameters and x, all held) and a backward per step, whose saved
+    # activations and incoming gradient died with the list (its weights live on in the model)
+    assert [alive < total for total, alive in counts] == [False, True] * 3, counts

@@ -93,19 +93,19 @@ class RunnerCalls:
         self.calls: dict[int, tuple[GraceRunner, tuple[Any, ...]]] = {}
 
     def __enter__(self) -> RunnerCalls:
-        original = GraceRunner.__call__
+        original = GraceRunner.run
         calls = self.calls
 
-        def recording(runner: GraceRunner, *args: Any) -> Any:
-            calls[id(runner)] = (runner, args)
-            return original(runner, *args)
+        def recording(runner: GraceRunner, args: Sequence[Any]) -> Any:
+            calls[id(runner)] = (runner, tuple(args))
+            return original(runner, args)
 
         self._original = original
-        GraceRunner.__call__ = recording  # type: ignore[method-assign,assignment]
+        GraceRunner.run = recording  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        GraceRunner.__call__ = self._original  # type: ignore[method-assign]
+        GraceRunner.run = self._original  # type: ignore[method-assign]
 
 
 def fixed_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

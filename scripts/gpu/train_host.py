@@ -10,7 +10,7 @@ and grace's deciding calls), then, interleaved round by round with the other mod
 - ``gpu_ms``: CUDA events around the step (device time from its first to its last queued work).
 
 Then one cProfile of ``--profiled`` steady steps per mode: the top functions by cumulative time and,
-for grace, the time per step inside its runners (``GraceRunner.__call__``), the number of runner calls
+for grace, the time per step inside its runners (``GraceRunner.run``), the number of runner calls
 per step, and grace's graphs (variant, calls, held-output calls).
 
 Run from the repository root: ``python scripts/gpu/train_host.py --out DIR --workloads A,B
@@ -69,7 +69,7 @@ def _profile(step: TrainStep, inputs: tuple[Any, ...], steps: int) -> dict[str, 
     runner = [
         (calls, cumulative)
         for (path, _, name), (_, calls, _, cumulative, _) in stats.stats.items()  # type: ignore[attr-defined]
-        if path.endswith("grace/runner.py") and name == "__call__"
+        if path.endswith("grace/runner.py") and name == "run"
     ]
     own = io.StringIO()
     pstats.Stats(profiler, stream=own).sort_stats("tottime").print_stats(30)
