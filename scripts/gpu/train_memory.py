@@ -5,7 +5,8 @@ iterations inside the suites' memory window (suites.harness.memory_window_base).
 peak and the allocated bytes above the window's base at the end of each phase (forward, backward,
 optimizer step), and after the last call the allocated and reserved bytes of every memory pool
 (``torch.cuda.memory_snapshot``: the default pool and each graph's private pool) and grace's graphs
-(variant, calls, held-output calls, output bytes held). A mode is ``pt2cg``, ``grace`` or
+(variant, calls, held-output calls, output bytes held); with ``--decide-memory``, each deciding call's
+memory stage by stage (decide_memory.py). A mode is ``pt2cg``, ``grace`` or
 ``grace:key=value,...`` (GraceOptions overrides, values read as ``--grace-option`` reads them:
 ``grace:max_output_sets=16``).
 
@@ -28,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pool_trace  # this directory is first on the path of a script run from it
+import decide_memory  # this directory is first on the path of a script run from it
+import pool_trace
 import torch
 from probe import graphs
 
@@ -120,9 +122,10 @@ def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
     meter = PhaseMeter(base)
     instrument(step, meter)
     per_call = []
+    decide_memory.BASE = base
     with torch.no_grad():
         for index in range(calls):
-            pool_trace.STEP = index + 1
+            pool_trace.STEP = decide_memory.STEP = index + 1
             t0 = time.perf_counter()
             loss = step(*inputs)
             del loss
@@ -136,6 +139,7 @@ def one(name: str, mode_text: str, calls: int) -> dict[str, Any]:
         "pools_waiting": grace.pools.waiting(),
         "step_pool": step_pool_seats() if mode is not Mode.PT2CG else [],
         "pool_trace": pool_trace.events(),
+        "decide_memory": decide_memory.events(),
     }
     del step, model, inputs
     forget_compiled()
@@ -222,9 +226,12 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=6)
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument("--trace", action="store_true", help="record the step pool's timeline (pool_trace)")
+    parser.add_argument("--decide-memory", action="store_true", help="each deciding call's memory by stage")
     args = parser.parse_args()
     if args.trace:
         pool_trace.install()
+    if args.decide_memory:
+        decide_memory.install()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
     results = environment()
