@@ -10,7 +10,7 @@ inputs are still alive: a tensor only the call holds dies there exactly when no 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import fakes
@@ -28,13 +28,7 @@ from grace.runner import GraceRunner, RunnerPlan
 from grace.training import boxed
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_stats() -> Iterator[None]:
-    stats.forget_all()
-    yield
-    stats.forget_all()
+pytestmark = pytest.mark.usefixtures("fresh_pool_groups")  # grace.stats emptied around each test
 
 
 class InductorEntry:
