@@ -6,7 +6,8 @@ the process, a slot's deciding call (``GraphSlot.decide``) and the stages of ``g
 runs: the no-graph reference (``_reference_first``), the captures (``_capture_variants``) and the choice
 (``grace.choice.choose_variant``: SCG's timing). After each stage it synchronises and records the bytes
 allocated and the running peak (``max_memory_allocated``, which the caller's phase meter resets at its
-own marks), both in MiB above ``BASE``, so a peak that grows within a stage is that stage's. Each event
+own marks), both in MiB above ``BASE``, so a peak that grows within a stage is that stage's, beside the
+bytes of the call's device inputs (a backward's saved tensors, held through every stage). Each event
 carries ``STEP``, which the caller sets before each training step; ``events()`` returns them, then
 forgets them.
 """
@@ -54,14 +55,28 @@ def _after(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return marked
 
 
+def _cuda_tensors(args: Any) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
+
+
 def install() -> None:
     decide = grace.slot.GraphSlot.decide
 
     @functools.wraps(decide)
     def measured_decide(self: Any, args: Any, pool_group: Any = None) -> Any:
         role = getattr(getattr(self.runner.plan, "role", None), "value", None)
-        _current.append({"event": "decide", "step": STEP, "graph_id": self.record.graph_id, "role": role})
-        _current[-1]["stages"] = []
+        storages = {a.untyped_storage().data_ptr(): a.untyped_storage().nbytes() for a in _cuda_tensors(args)}
+        held = sum(storages.values())
+        _current.append(
+            {
+                "event": "decide",
+                "step": STEP,
+                "graph_id": self.record.graph_id,
+                "role": role,
+                "inputs_mib": round(held / MIB, 1),  # what the call holds through its runs
+                "stages": [],
+            }
+        )
         _mark("start")
         try:
             return decide(self, args, pool_group)
